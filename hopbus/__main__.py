@@ -1,0 +1,3 @@
+from hopbus.cli.main import main
+
+main()

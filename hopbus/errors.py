@@ -1,0 +1,27 @@
+"""Errors a user can cause, kept apart from bugs.
+
+Anything raised as :class:`UserError` is the user's input being wrong (a flag, a config file, a
+topology file, a slowdown string). The CLI prints its message as one line and exits with
+``exit_code``; it never shows a traceback for these. Everything else is a bug and is allowed to
+surface as one.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input. ``str(error)`` is the one line the user sees."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A run configuration that cannot work (bad value, or a value that contradicts the paper)."""
+
+
+class TopologyError(UserError):
+    """A communication graph that cannot be built or cannot be trained on."""
+
+
+class SlowdownSpecError(UserError):
+    """A heterogeneity string that does not parse."""

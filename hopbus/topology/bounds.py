@@ -1,0 +1,111 @@
+"""Table 1: how far ahead of worker j worker i can ever be, for every protocol setting.
+
+Every row of Table 1 is the combination of two per-hop limits:
+
+* forward (Theorem 1 and its variants): a worker needs its in-neighbours' updates, so along a
+  path j -> ... -> i each hop lets i be at most ``b0`` ahead: 1 for standard and notify-ack,
+  s+1 for bounded staleness, unlimited for backup workers and hybrid;
+* backward (Theorem 2): token queues stop a worker from being more than ``max_ig`` ahead of an
+  out-neighbour; notify-ack's ACKs do the same with 2.
+
+So ``Iter(i) - Iter(j) <= min(b0 * length(Path_{j->i}), back * length(Path_{i->j}))``, which is
+the last column of Table 1, and the two adjacent-pair columns are the cases with a path of length
+1. Skipping iterations (Sec. 5) keeps every bound: a jump takes its tokens and does Recv(k-1)
+first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hopbus.modes import Mode
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class GapSetting:
+    """The protocol settings Table 1 depends on. ``max_ig == 0`` means no token queues."""
+
+    mode: Mode
+    staleness: int = 0
+    max_ig: int = 0
+
+    @property
+    def forward(self) -> float:
+        """b0: how far a worker may be ahead of an in-neighbour whose updates it needs."""
+        if self.mode in (Mode.STANDARD, Mode.NOTIFY_ACK):
+            return 1
+        if self.mode is Mode.STALENESS:
+            return self.staleness + 1
+        return INF  # backup, hybrid: any particular in-neighbour may be left behind for good
+
+    @property
+    def backward(self) -> float:
+        """How far a worker may be ahead of an out-neighbour (tokens, or notify-ack's ACKs)."""
+        limit = 2 if self.mode is Mode.NOTIFY_ACK else INF
+        if self.max_ig > 0:
+            limit = min(limit, self.max_ig)
+        return limit
+
+    @property
+    def label(self) -> str:
+        base = str(self.mode)
+        if self.mode.uses_staleness:
+            base += f"(s={self.staleness})"
+        return base + (f"+tokens(max_ig={self.max_ig})" if self.max_ig else "")
+
+
+def bound_matrix(setting: GapSetting, dist: np.ndarray) -> np.ndarray:
+    """``B[i, j]`` = bound on Iter(i) - Iter(j) for every pair; float, ``inf`` where unbounded.
+
+    ``dist[i, j]`` is length(Path_{i->j}) for a strongly connected graph.
+    """
+    d = dist.astype(float)
+    with np.errstate(invalid="ignore"):  # inf * 0 on the diagonal, overwritten below
+        b = np.minimum(setting.forward * d.T, setting.backward * d)
+    np.fill_diagonal(b, 0.0)
+    return b
+
+
+def _largest(values: np.ndarray) -> float | None:
+    if values.size == 0:
+        return 0
+    top = float(values.max())
+    return None if math.isinf(top) else int(top)
+
+
+def table1(setting: GapSetting, dist: np.ndarray) -> dict[str, float | None]:
+    """The three columns of Table 1 maximised over the graph; None where the paper says infinity.
+
+    ``in_neighbour``: Iter(i) - Iter(j) for j in N_in(i); ``out_neighbour``: for j in N_out(i);
+    ``adjacent``: either; ``any_pair``: any i != j.
+    """
+    b = bound_matrix(setting, dist)
+    n = dist.shape[0]
+    off = ~np.eye(n, dtype=bool)
+    edge = (dist == 1) & off  # edge[i, j]: i -> j
+    return {
+        "in_neighbour": _largest(b[edge.T]),
+        "out_neighbour": _largest(b[edge]),
+        "adjacent": _largest(b[(edge | edge.T)]),
+        "any_pair": _largest(b[off]),
+    }
+
+
+def token_queue_capacity(max_ig: int, path_i_to_j: int) -> int:
+    """Most tokens TokenQ(i->j) can hold: max_ig * (length(Path_{i->j}) + 1) (Table 1 note)."""
+    return max_ig * (path_i_to_j + 1)
+
+
+def report_settings(staleness: int, max_ig: int) -> list[GapSetting]:
+    """Every row of Table 1, as the ``hopbus topology`` report lists them."""
+    rows = [GapSetting(m, staleness=staleness) for m in Mode]
+    rows += [
+        GapSetting(m, staleness=staleness, max_ig=max_ig)
+        for m in (Mode.STANDARD, Mode.STALENESS, Mode.BACKUP, Mode.HYBRID)
+    ]
+    return rows

@@ -1,0 +1,267 @@
+"""Communication graphs as data: weighted networkx DiGraphs with a self-loop on every node.
+
+An edge ``i -> j`` means worker ``i`` sends its parameters to worker ``j`` (Sec. 3.1), so
+``N_in(j)`` are the workers ``j`` averages with. Every node carries a self-loop: a worker's own
+parameters always take part in its Reduce. The edge attribute ``weight`` is ``W[i, j]``, the share
+of ``i``'s parameters in ``j``'s average; builders set eq. (1), ``1 / |N_in(j)|`` with the
+self-loop counted.
+
+Nothing here moves bytes. The runtime and the simulator only ever read these graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import networkx as nx
+
+from hopbus.errors import TopologyError
+
+WEIGHT = "weight"
+
+#: Names accepted by :func:`build`, with the one-line meaning shown in ``--help`` and errors.
+NAMES: dict[str, str] = {
+    "ring": "bidirectional ring",
+    "ring-based": "ring plus an edge to the most distant node (Fig. 11)",
+    "double-ring": "two ring-based graphs of n/2 workers joined node to node (Fig. 11)",
+    "complete": "every worker averages with every other (all-reduce pattern)",
+    "hierarchical:A,B,...": "complete inside machines of A, B, ... workers; ring between machines",
+    "file:PATH": "edge list, one 'src dst [weight]' per line",
+}
+
+
+def _bidirectional(g: nx.DiGraph, a: int, b: int) -> None:
+    g.add_edge(a, b)
+    g.add_edge(b, a)
+
+
+def _empty(n: int) -> nx.DiGraph:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    return g
+
+
+def with_self_loops_and_eq1(g: nx.DiGraph) -> nx.DiGraph:
+    """Add a self-loop to every node and weight every edge per eq. (1): W_ij = 1/|N_in(j)|."""
+    for v in g.nodes:
+        g.add_edge(v, v)
+    for j in g.nodes:
+        preds = list(g.predecessors(j))
+        for i in preds:
+            g.edges[i, j][WEIGHT] = 1.0 / len(preds)
+    return g
+
+
+def _require(n: int, least: int, name: str) -> None:
+    if n < least:
+        raise TopologyError(f"{name} needs at least {least} workers (got {n})")
+
+
+def ring(n: int) -> nx.DiGraph:
+    """Workers in a circle, each exchanging with both ring neighbours (Fig. 11, graph 1)."""
+    _require(n, 2, "ring")
+    g = _empty(n)
+    for i in range(n):
+        _bidirectional(g, i, (i + 1) % n)
+    return with_self_loops_and_eq1(g)
+
+
+def _add_ring_based(g: nx.DiGraph, nodes: Sequence[int]) -> None:
+    m = len(nodes)
+    for x in range(m):
+        _bidirectional(g, nodes[x], nodes[(x + 1) % m])
+    # The most distant node is m/2 hops away. With an odd m a node has two antipodes; an edge
+    # x -> x + (m-1)/2 links every node to both of them (one out, one in) and keeps every in- and
+    # out-degree equal, so W stays doubly stochastic.
+    half = m // 2
+    for x in range(m):
+        far = nodes[(x + half) % m]
+        if m % 2 == 0:
+            _bidirectional(g, nodes[x], far)
+        else:
+            g.add_edge(nodes[x], far)
+
+
+def ring_based(n: int) -> nx.DiGraph:
+    """Ring plus an edge from every worker to the most distant one (Fig. 11, graph 2)."""
+    _require(n, 2, "ring-based")
+    g = _empty(n)
+    _add_ring_based(g, list(range(n)))
+    return with_self_loops_and_eq1(g)
+
+
+def double_ring(n: int) -> nx.DiGraph:
+    """Two ring-based graphs of n/2 workers, worker x of one joined to worker x of the other."""
+    if n < 4 or n % 2:
+        raise TopologyError(f"double-ring needs an even number of workers, at least 4 (got {n})")
+    half = n // 2
+    g = _empty(n)
+    _add_ring_based(g, list(range(half)))
+    _add_ring_based(g, list(range(half, n)))
+    for x in range(half):
+        _bidirectional(g, x, x + half)
+    return with_self_loops_and_eq1(g)
+
+
+def complete(n: int) -> nx.DiGraph:
+    """Every worker sends to every other one."""
+    _require(n, 2, "complete")
+    g = _empty(n)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                g.add_edge(i, j)
+    return with_self_loops_and_eq1(g)
+
+
+def hierarchical(sizes: Sequence[int]) -> nx.DiGraph:
+    """Complete inside each machine, a ring between machines (Sec. 7.3.6, Fig. 21 (b)/(c)).
+
+    Machines hold consecutive worker ids (sizes 4,2,2 give machines {0..3}, {4,5}, {6,7}). The
+    ring between machines joins the last worker of machine m to the first worker of machine m+1
+    in both directions, so inter-machine traffic is spread over different workers rather than
+    funnelled through one gateway.
+    """
+    if not sizes or any(s < 1 for s in sizes):
+        raise TopologyError(
+            "hierarchical needs machine sizes of at least 1, e.g. hierarchical:4,2,2"
+        )
+    n = sum(sizes)
+    _require(n, 2, "hierarchical")
+    g = _empty(n)
+    machines: list[list[int]] = []
+    start = 0
+    for s in sizes:
+        machines.append(list(range(start, start + s)))
+        start += s
+    for nodes in machines:
+        for a in nodes:
+            for b in nodes:
+                if a != b:
+                    g.add_edge(a, b)
+    if len(machines) > 1:
+        for m, nodes in enumerate(machines):
+            nxt = machines[(m + 1) % len(machines)]
+            if nodes[-1] != nxt[0]:
+                _bidirectional(g, nodes[-1], nxt[0])
+    return with_self_loops_and_eq1(g)
+
+
+def from_edge_lines(lines: Iterable[str], origin: str = "edge list") -> nx.DiGraph:
+    """Parse ``src dst [weight]`` lines (``#`` starts a comment) into a graph.
+
+    Workers must be numbered 0..n-1 without holes. Either no line carries a weight (eq. (1) is
+    used) or every edge, self-loops included, does; then each worker's incoming weights must sum
+    to 1 because they are the coefficients of its average.
+    """
+    g = nx.DiGraph()
+    weighted: list[bool] = []
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        where = f"{origin}, line {lineno}"
+        if len(parts) not in (2, 3):
+            raise TopologyError(f"{where}: expected 'src dst [weight]', got {raw.strip()!r}")
+        try:
+            a, b = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise TopologyError(
+                f"{where}: worker ids must be integers, got {raw.strip()!r}"
+            ) from None
+        if a < 0 or b < 0:
+            raise TopologyError(f"{where}: worker ids must be >= 0, got {raw.strip()!r}")
+        if len(parts) == 3:
+            try:
+                w = float(parts[2])
+            except ValueError:
+                raise TopologyError(f"{where}: weight must be a number, got {parts[2]!r}") from None
+            if not w > 0:
+                raise TopologyError(f"{where}: weight must be > 0, got {parts[2]!r}")
+            g.add_edge(a, b, **{WEIGHT: w})
+        else:
+            g.add_edge(a, b)
+        weighted.append(len(parts) == 3)
+    if g.number_of_nodes() == 0:
+        raise TopologyError(f"{origin}: no edges")
+    n = max(g.nodes) + 1
+    missing = sorted(set(range(n)) - set(g.nodes))
+    if missing:
+        raise TopologyError(
+            f"{origin}: workers must be numbered 0..{n - 1} without gaps (missing {missing[:5]})"
+        )
+    ordered = _empty(n)  # node order = worker id, whatever order the lines came in
+    ordered.add_edges_from(g.edges(data=True))
+    g = ordered
+    if not any(weighted):
+        return with_self_loops_and_eq1(g)
+    if not all(weighted):
+        raise TopologyError(f"{origin}: give a weight on every edge or on none")
+    for v in range(n):
+        if not g.has_edge(v, v):
+            raise TopologyError(
+                f"{origin}: weighted graphs need a self-loop weight 'v v w' for {v}"
+            )
+        total = sum(g.edges[u, v][WEIGHT] for u in g.predecessors(v))
+        if abs(total - 1.0) > 1e-6:
+            raise TopologyError(
+                f"{origin}: weights into worker {v} sum to {total:g}; they must sum to 1 "
+                "(they are the coefficients of its average)"
+            )
+    return g
+
+
+def from_edge_file(path: str | Path) -> nx.DiGraph:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise TopologyError(f"cannot read topology file {str(p)!r}: {exc.strerror}") from None
+    return from_edge_lines(text.splitlines(), origin=str(p))
+
+
+def _parse_sizes(spec: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        raise TopologyError(
+            f"hierarchical sizes must be integers like hierarchical:4,2,2 (got {spec!r})"
+        ) from None
+    return sizes
+
+
+def build(name: str, n: int | None) -> nx.DiGraph:
+    """Build the graph a ``--topology`` string names, for ``n`` workers.
+
+    ``n`` may be None only where the name fixes it (``hierarchical:...``, ``file:...``). Where both
+    fix it they must agree.
+    """
+    key = name.strip()
+    if key.startswith("hierarchical:"):
+        g = hierarchical(_parse_sizes(key.split(":", 1)[1]))
+    elif key == "hierarchical":
+        raise TopologyError("hierarchical needs machine sizes, e.g. --topology hierarchical:4,2,2")
+    elif key.startswith("file:"):
+        g = from_edge_file(key.split(":", 1)[1])
+    elif key in {"ring", "ring-based", "double-ring", "complete"}:
+        if n is None:
+            raise TopologyError(f"{key} needs a number of workers")
+        builder = {
+            "ring": ring,
+            "ring-based": ring_based,
+            "double-ring": double_ring,
+            "complete": complete,
+        }[key]
+        return builder(n)
+    elif Path(key).is_file():
+        g = from_edge_file(key)
+    else:
+        choices = ", ".join(NAMES)
+        raise TopologyError(f"unknown topology {name!r} (choose from: {choices})")
+    if n is not None and g.number_of_nodes() != n:
+        raise TopologyError(
+            f"topology {name!r} has {g.number_of_nodes()} workers but {n} were asked for"
+        )
+    return g
