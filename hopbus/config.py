@@ -1,0 +1,137 @@
+"""One validated RunConfig, from a TOML file, environment variables and CLI flags.
+
+Precedence, lowest first: built-in defaults, ``--config FILE.toml``, ``HOPBUS_*`` environment
+variables, command-line flags. Every layer that runs anything (simulator now, cluster later)
+takes a RunConfig, so a setting means the same everywhere and is checked in one place.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hopbus import heterogeneity
+from hopbus.errors import ConfigError
+from hopbus.modes import Approach, Mode
+from hopbus.protocol.spec import ProtocolSettings
+from hopbus.topology import Topology
+
+DEFAULT_WORKERS = 16
+
+
+class RunConfig(BaseModel):
+    """Every setting of a run. Field docs are what ``--help`` shows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int | None = Field(
+        None,
+        ge=2,
+        description=f"Number of workers (default {DEFAULT_WORKERS}, or as many as the topology "
+        "names for hierarchical:... and file:...).",
+    )
+    topology: str = Field("ring-based", description="Communication graph.")
+    mode: Mode = Field(Mode.STANDARD, description="Recv rule.")
+    backup: int | tuple[int, ...] = Field(
+        1,
+        description="Backup workers N_buw per worker (backup, hybrid): one value, or one per "
+        "worker.",
+    )
+    staleness: int = Field(5, ge=0, description="Staleness bound s (staleness, hybrid).")
+    max_ig: int = Field(5, ge=0, description="Token queue bound max_ig; 0 = no token queues.")
+    skip_max: int = Field(0, ge=0, description="Most iterations per jump; 0 = never jump.")
+    skip_trigger: int = Field(1, ge=0, description="Jump only when more than this far behind.")
+    iterations: int = Field(100, ge=1, description="Iterations per worker.")
+    slowdown: str = Field("none", description="Heterogeneity: " + heterogeneity.GRAMMAR)
+    seed: int = Field(0, ge=0, description="Seed of every random draw.")
+    approach: Approach = Field(Approach.PARALLEL, description="Where Send sits in an iteration.")
+    compute_time: float = Field(1.0, gt=0, description="Simulated seconds of one normal Compute.")
+    latency: float = Field(0.05, ge=0, description="Simulated seconds a message takes.")
+    jitter: float = Field(0.0, ge=0, description="Each message takes up to (1 + jitter) x latency.")
+
+    @field_validator("backup", mode="before")
+    @classmethod
+    def _backup_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                values = tuple(int(x) for x in v.split(",") if x.strip())
+            except ValueError:
+                raise ValueError(
+                    "expected an integer or a comma-separated list of integers"
+                ) from None
+            if not values:
+                raise ValueError("expected an integer or a comma-separated list of integers")
+            return values[0] if len(values) == 1 else values
+        return v
+
+    @field_validator("slowdown")
+    @classmethod
+    def _slowdown_parses(cls, v: str) -> str:
+        heterogeneity.parse(v)  # raises SlowdownSpecError, reported as is
+        return v
+
+    def protocol_settings(self) -> ProtocolSettings:
+        return ProtocolSettings(
+            mode=self.mode,
+            iterations=self.iterations,
+            backup=self.backup,
+            staleness=self.staleness,
+            max_ig=self.max_ig,
+            skip_max=self.skip_max,
+            skip_trigger=self.skip_trigger,
+            approach=self.approach,
+        )
+
+    def build_topology(self) -> tuple[RunConfig, Topology]:
+        """Build the graph and return the config with ``workers`` filled in from it."""
+        named_n = self.workers
+        if named_n is None and not self.topology.startswith(("hierarchical:", "file:")):
+            named_n = DEFAULT_WORKERS
+        topo = Topology.named(self.topology, named_n)
+        return self.model_copy(update={"workers": topo.n}), topo
+
+    def public(self) -> dict[str, Any]:
+        """Every setting, JSON-ready (enums as their strings)."""
+        return self.model_dump(mode="json")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else "config"
+    where = from_file.get(field)
+    if err["type"] == "extra_forbidden":
+        return ConfigError(f"{where or 'config'}: unknown setting {field!r}")
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    msg = msg[0].lower() + msg[1:]
+    name = f"{where}: {field}" if where else _flag(field)
+    return ConfigError(f"{name}: {msg} (got {err.get('input')!r})")
+
+
+def make_config(values: dict[str, Any], from_file: dict[str, str] | None = None) -> RunConfig:
+    """Validate ``values``; any problem becomes one ConfigError line naming the flag, or the
+    file and key when ``from_file`` (key -> file name) says the value came from a file."""
+    try:
+        return RunConfig(**values)  # a bad --slowdown raises SlowdownSpecError straight through
+    except ValidationError as exc:
+        raise _explain(exc, from_file or {}) from None
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Settings from a TOML file, keys as field names (``max_ig``) or flag names (``max-ig``)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    return {k.replace("-", "_"): v for k, v in data.items()}

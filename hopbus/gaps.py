@@ -1,0 +1,85 @@
+"""Replay iteration changes in order and measure the iteration gap against Table 1.
+
+Feed it every ``(worker, iteration)`` change in the order they happened: the simulator does so
+live, and a real run's Redis progress stream gives the same total order. After each change it
+knows every Iter(i) - Iter(j) at that instant, and it records the largest gap between adjacent
+workers and between any two, plus every instant at which some pair exceeded its own bound.
+
+Only the worker that moved can have widened a gap (iterations never go back), so each change
+costs one vector comparison against that worker's row of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hopbus.topology import GapSetting, Topology
+
+
+@dataclass(frozen=True)
+class Violation:
+    """The first pair seen over its bound: ``ahead`` was ``gap`` iterations ahead of ``behind``."""
+
+    ahead: int
+    behind: int
+    gap: int
+    bound: int
+
+
+class GapMonitor:
+    def __init__(self, topology: Topology, setting: GapSetting) -> None:
+        n = topology.n
+        bounds = topology.bounds(setting)
+        self.table1 = topology.table1(setting)
+        self._bounds = np.where(np.isinf(bounds), np.iinfo(np.int64).max, bounds).astype(np.int64)
+        off = bounds + np.diag(np.full(n, math.inf))
+        self._row_min = off.min(axis=1)  # tightest bound on how far each worker may lead
+        self._neighbours = [
+            tuple(sorted(set(topology.in_peers[i]) | set(topology.out_peers[i]))) for i in range(n)
+        ]
+        self._vec = np.zeros(n, dtype=np.int64)
+        self._it = [0] * n
+        self._count: dict[int, int] = {0: n}  # iteration -> how many workers are in it
+        self._min = 0
+        self.max_adjacent = 0
+        self.max_any = 0
+        self.violations = 0
+        self.first_violation: Violation | None = None
+
+    def enter(self, worker: int, iteration: int) -> None:
+        """``worker`` is now in ``iteration`` (never lower than before)."""
+        it = self._it
+        old = it[worker]
+        it[worker] = iteration
+        self._vec[worker] = iteration
+        count = self._count
+        count[old] -= 1
+        count[iteration] = count.get(iteration, 0) + 1
+        if old == self._min and count[old] == 0:
+            del count[old]
+            m = old + 1
+            while count.get(m, 0) == 0:
+                count.pop(m, None)
+                m += 1
+            self._min = m
+        elif count[old] == 0:
+            del count[old]
+        lead = iteration - self._min
+        self.max_any = max(self.max_any, lead)
+        adj = max(iteration - it[j] for j in self._neighbours[worker])
+        self.max_adjacent = max(self.max_adjacent, adj)
+        if lead > self._row_min[worker]:
+            over = (iteration - self._vec) > self._bounds[worker]
+            if over.any():
+                self.violations += 1
+                if self.first_violation is None:
+                    j = int(np.argmax(over))
+                    self.first_violation = Violation(
+                        worker, j, int(iteration - it[j]), int(self._bounds[worker, j])
+                    )
+
+    def iteration_of(self, worker: int) -> int:
+        return self._it[worker]

@@ -1,0 +1,87 @@
+"""Run a RunConfig in the simulator and report the summary object."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hopbus.config import RunConfig
+from hopbus.heterogeneity import Heterogeneity
+from hopbus.sim.engine import SimResult, Simulation
+from hopbus.summary import gap_summary
+from hopbus.topology import Topology
+
+
+def prepare(
+    cfg: RunConfig,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[RunConfig, Simulation]:
+    """Build and validate everything a simulation needs; raises UserError on bad input."""
+    cfg, topo = cfg.build_topology()
+    het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
+    het.check_links(topo.graph.has_edge, topo.name)
+    sim = Simulation(
+        topo,
+        cfg.protocol_settings(),
+        het,
+        compute_time=cfg.compute_time,
+        latency=cfg.latency,
+        jitter=cfg.jitter,
+        seed=cfg.seed,
+        on_progress=on_progress,
+    )
+    return cfg, sim
+
+
+def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, Any]:
+    """The summary object of ``hopbus sim --json`` (see docs/summary.md)."""
+    c = result.counters
+    bounds = [b for b in result.store_bound if b is not None]
+    return {
+        "config": cfg.public(),
+        "workers": result.workers,
+        "virtual": True,
+        "wall_s": result.virtual_s,
+        "finished": result.finished,
+        "deadlocked": result.deadlocked,
+        "iterations": result.stats.iterations_summary(),
+        "iter_time_s": result.stats.iter_time(),
+        **gap_summary(result.monitor),
+        "jumps": result.stats.jumps,
+        "skipped_iterations": result.stats.skipped,
+        "stale_dropped": c["stale_dropped"],
+        "max_update_queue": max(result.store_peak),
+        "update_queue_bound": max(bounds) if bounds else None,
+        "messages": c["messages"],
+        "sends_skipped": c["sends_skipped"],
+        "acks": c["acks"],
+        "checks": {
+            "token_invariant_violations": c["token_invariant_violations"],
+            "store_overflow": c["store_overflow"],
+            "store_bound_exceeded": c["store_bound_exceeded"],
+            "duplicates": c["duplicates"],
+        },
+        "blocked": [
+            {
+                "worker": b.worker,
+                "iteration": b.iteration,
+                "waiting_for": b.waiting_for,
+                "on": list(b.on),
+            }
+            for b in result.blocked
+        ],
+        "topology": {"name": topo.name, "diameter": topo.diameter},
+        "runtime_s": result.runtime_s,
+    }
+
+
+def simulate(
+    cfg: RunConfig,
+    until: float | None = None,
+    progress: Callable[[float], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[RunConfig, SimResult, dict[str, Any]]:
+    """Prepare, run and summarise; returns the resolved config, raw result and summary."""
+    cfg, sim = prepare(cfg, on_progress)
+    result = sim.run(until=until, progress=progress)
+    return cfg, result, summarize(cfg, sim.topology, result)

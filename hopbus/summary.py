@@ -1,0 +1,79 @@
+"""The summary object every run reports, simulated or real, and the timings it is made from.
+
+Iteration time is measured per *step*: each time a worker's iteration counter moves, the time
+since its previous move divided by how many iterations it moved (a jump of J counts J).
+
+* ``iter_time_s.per_worker[i]``: worker i's elapsed time / iterations it advanced;
+* ``iter_time_s.mean``: the mean of ``per_worker``;
+* ``iter_time_s.p50``: the median step time over every step of every worker.
+"""
+
+from __future__ import annotations
+
+import statistics
+from array import array
+from typing import Any
+
+from hopbus.gaps import GapMonitor
+
+
+class RunStats:
+    """Per-worker timing of iteration changes, fed in the order they happen."""
+
+    def __init__(self, n: int, start: float = 0.0) -> None:
+        self.n = n
+        self.start = start
+        self.iterations = [0] * n
+        self.last_change = [start] * n
+        self.steps = array("d")
+        self.jumps = 0
+        self.skipped = 0  # iterations passed over by jumps
+
+    def enter(self, worker: int, iteration: int, t: float) -> None:
+        moved = iteration - self.iterations[worker]
+        self.steps.append((t - self.last_change[worker]) / moved)
+        if moved > 1:
+            self.jumps += 1
+            self.skipped += moved - 1
+        self.iterations[worker] = iteration
+        self.last_change[worker] = t
+
+    def iter_time(self) -> dict[str, Any]:
+        per = [
+            (self.last_change[i] - self.start) / k if k else None
+            for i, k in enumerate(self.iterations)
+        ]
+        known = [p for p in per if p is not None]
+        return {
+            "mean": statistics.fmean(known) if known else None,
+            "p50": statistics.median(self.steps) if self.steps else None,
+            "per_worker": per,
+        }
+
+    def iterations_summary(self) -> dict[str, Any]:
+        return {
+            "min": min(self.iterations),
+            "max": max(self.iterations),
+            "per_worker": list(self.iterations),
+        }
+
+
+def gap_summary(monitor: GapMonitor) -> dict[str, Any]:
+    """``max_gap``, ``gap_bound`` and ``violations`` of the summary object."""
+    v = monitor.first_violation
+    return {
+        "max_gap": {"adjacent": monitor.max_adjacent, "any_pair": monitor.max_any},
+        "gap_bound": {
+            "adjacent": monitor.table1["adjacent"],
+            "any_pair": monitor.table1["any_pair"],
+        },
+        "violations": monitor.violations,
+        "first_violation": None
+        if v is None
+        else {
+            "ahead": v.ahead,
+            "behind": v.behind,
+            "gap": v.gap,
+            "bound": v.bound,
+        },
+    }
