@@ -1,0 +1,1 @@
+"""The typer CLI: a thin layer that parses, builds a RunConfig and calls the library."""

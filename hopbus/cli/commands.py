@@ -1,0 +1,192 @@
+"""``hopbus topology`` and ``hopbus sim``: parse, build the config, call the library, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hopbus.cli import options as o
+from hopbus.cli import render
+
+app = typer.Typer(
+    name="hopbus",
+    help="Heterogeneity-aware decentralized training (Hop, ASPLOS'19): simulate it, inspect "
+    "communication graphs, and (soon) train on a real cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+@app.command("topology")
+def topology_cmd(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="ring, ring-based, double-ring, complete, hierarchical:4,2,2 or file:PATH "
+            "(edge list, 'src dst [weight]' per line).",
+            show_default=False,
+        ),
+    ],
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-n",
+            help="Number of workers (not needed for hierarchical:... and file:...).",
+            show_default=False,
+        ),
+    ] = None,
+    staleness: Annotated[
+        int, typer.Option("--staleness", "-s", help="Staleness bound s used in the Table 1 rows.")
+    ] = 5,
+    max_ig: Annotated[
+        int,
+        typer.Option("--max-ig", help="Token queue bound used in the Table 1 rows with tokens."),
+    ] = 5,
+    as_json: o.Json = False,
+) -> None:
+    """Show a communication graph: neighbours, W (eq. 1), spectral gap, Table 1 bounds."""
+    from hopbus.errors import ConfigError
+    from hopbus.topology import Topology
+    from hopbus.topology.report import topology_report
+
+    if staleness < 0:
+        raise ConfigError(f"--staleness must be 0 or more (got {staleness})")
+    if max_ig < 1:
+        raise ConfigError(f"--max-ig must be 1 or more here (got {max_ig})")
+    if workers is not None and workers < 2:
+        raise ConfigError(f"--workers must be at least 2 (got {workers})")
+    topo = Topology.named(name, workers)
+    rep = topology_report(topo, staleness, max_ig)
+    if as_json:
+        _emit_json(rep)
+    else:
+        render.topology(Console(), rep)
+
+
+@app.command("sim")
+def sim_cmd(
+    workers: o.Workers = None,
+    topology: o.TopologyName = None,
+    mode: o.ModeOpt = None,
+    backup: o.Backup = None,
+    staleness: o.Staleness = None,
+    max_ig: o.MaxIg = None,
+    skip_max: o.SkipMax = None,
+    skip_trigger: o.SkipTrigger = None,
+    iterations: o.Iterations = None,
+    slowdown: o.Slowdown = None,
+    seed: o.Seed = None,
+    approach: o.ApproachOpt = None,
+    compute_time: o.ComputeTime = None,
+    latency: o.Latency = None,
+    jitter: o.Jitter = None,
+    config: o.ConfigFile = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="Write every iteration change as a JSON line (the progress stream a real "
+            "run keeps in Redis, in virtual seconds).",
+            rich_help_panel=o.PANEL_SIM,
+        ),
+    ] = None,
+    as_json: o.Json = False,
+) -> None:
+    """Simulate a run in virtual time: the real protocol code, any number of workers.
+
+    Prints how long iterations took, the largest iteration gaps seen against their Table 1
+    bounds, and what the update queues held. Exit status 3 if the run deadlocked or a bound
+    was broken (either would be a bug in hopbus); 2 for bad input.
+    """
+    from hopbus.sim import prepare, summarize
+
+    given = {
+        "workers": workers,
+        "topology": topology,
+        "mode": mode,
+        "backup": backup,
+        "staleness": staleness,
+        "max_ig": max_ig,
+        "skip_max": skip_max,
+        "skip_trigger": skip_trigger,
+        "iterations": iterations,
+        "slowdown": slowdown,
+        "seed": seed,
+        "approach": approach,
+        "compute_time": compute_time,
+        "latency": latency,
+        "jitter": jitter,
+    }
+    cfg = o.resolve(config, given)
+    o.warn_unused(cfg, given)
+    err = Console(stderr=True)
+    with ExitStack() as stack:
+        on_progress = None
+        if trace is not None:
+            try:
+                out = stack.enter_context(trace.open("w"))
+            except OSError as exc:
+                from hopbus.errors import ConfigError
+
+                raise ConfigError(f"cannot write --trace {str(trace)!r}: {exc.strerror}") from None
+
+            def on_progress(record: dict[str, Any], out=out) -> None:
+                out.write(json.dumps(record) + "\n")
+
+        cfg, sim = prepare(cfg, on_progress)
+        progress_cb = None
+        if err.is_terminal:
+            bar = stack.enter_context(
+                Progress(
+                    TextColumn("simulating"),
+                    BarColumn(),
+                    TextColumn("{task.percentage:>3.0f}%"),
+                    TimeElapsedColumn(),
+                    console=err,
+                    transient=True,
+                )
+            )
+            task = bar.add_task("sim", total=1.0)
+
+            def progress_cb(fraction: float) -> None:
+                bar.update(task, completed=fraction)
+
+        result = sim.run(progress=progress_cb)
+    s = summarize(cfg, sim.topology, result)
+    if as_json:
+        _emit_json(s)
+    else:
+        render.summary(Console(), s)
+    problems = []
+    if result.deadlocked:
+        stuck = "; ".join(
+            f"worker {b.worker} in iteration {b.iteration} waits for {b.waiting_for}"
+            f" from {list(b.on)}"
+            for b in result.blocked[:3]
+        )
+        problems.append(f"simulation deadlocked: {stuck}")
+    if s["violations"]:
+        v = s["first_violation"]
+        problems.append(
+            f"Table 1 bound broken {s['violations']} times, first: worker {v['ahead']} "
+            f"{v['gap']} ahead of worker {v['behind']} (bound {v['bound']})"
+        )
+    for p in problems:
+        err.print(f"hopbus: error: {p}", highlight=False)
+    if problems:
+        raise typer.Exit(3)

@@ -1,0 +1,53 @@
+"""The ``hopbus`` entry point: runs the typer app and turns every user error into one line.
+
+Bad input of any kind (an unknown flag, a value of the wrong type, a setting the protocol
+cannot honour, an unreadable file) prints ``hopbus: error: <what and why>`` on stderr and exits
+with status 2; warnings print ``hopbus: warning: ...``. Tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+
+import typer
+
+from hopbus.cli.commands import app
+from hopbus.errors import UserError
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"hopbus: warning: {message}", file=sys.stderr)
+
+
+def _usage_error(exc: BaseException) -> bool:
+    # typer's (vendored) click reports parse errors as exceptions carrying an exit code and a
+    # one-line message; recognised by shape so that no private module is imported.
+    return isinstance(getattr(exc, "exit_code", None), int) and hasattr(exc, "format_message")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    warnings.showwarning = _show_warning
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(
+            args=list(argv) if argv is not None else None, prog_name="hopbus", standalone_mode=False
+        )
+    except UserError as exc:
+        print(f"hopbus: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("hopbus: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`); nothing left to say
+        sys.exit(1)
+    except Exception as exc:
+        if not _usage_error(exc):
+            raise
+        message = exc.format_message()
+        if message:  # empty when the help text was shown instead (``hopbus`` with no command)
+            print(f"hopbus: error: {message}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

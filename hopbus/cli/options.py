@@ -1,0 +1,157 @@
+"""The run flags, defined once: ``hopbus sim`` now and ``hopbus train`` later take the same ones.
+
+Every flag defaults to None here, meaning "not given": the RunConfig default (shown in --help)
+or the ``--config`` file's value applies. Each flag can also come from ``HOPBUS_<NAME>``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hopbus.config import RunConfig, load_toml, make_config
+from hopbus.modes import Approach, Mode
+from hopbus.topology import NAMES
+
+PANEL_RUN = "Run"
+PANEL_SIM = "Simulation"
+
+
+def _help(field: str, extra: str = "") -> str:
+    info = RunConfig.model_fields[field]
+    default = info.default
+    shown = default.value if hasattr(default, "value") else default
+    text = (info.description or "") + (f" {extra}" if extra else "")
+    return f"{text} [default: {shown}]" if shown is not None else text
+
+
+def _opt(field: str, *names: str, panel: str = PANEL_RUN, extra: str = "", **kw: Any) -> Any:
+    flag = "--" + field.replace("_", "-")
+    return typer.Option(
+        flag,
+        *names,
+        envvar="HOPBUS_" + field.upper(),
+        help=_help(field, extra),
+        show_default=False,
+        rich_help_panel=panel,
+        **kw,
+    )
+
+
+_TOPOLOGIES = " | ".join(NAMES)
+
+Workers = Annotated[int | None, _opt("workers", "-n")]
+TopologyName = Annotated[
+    str | None, _opt("topology", "-t", extra=(f"{_TOPOLOGIES}; see `hopbus topology --help`."))
+]
+ModeOpt = Annotated[
+    Mode | None,
+    _opt(
+        "mode",
+        "-m",
+        extra=(
+            "standard: every in-neighbour's update of this iteration (Fig. 4); notify-ack: "
+            "standard plus ACKs (Sec. 3.3); backup: all but --backup of them (Fig. 8); "
+            "staleness: each neighbour's newest, at most --staleness old (Fig. 9); hybrid: both."
+        ),
+    ),
+]
+Backup = Annotated[
+    str | None,
+    _opt(
+        "backup",
+        "-b",
+        extra=("Raise with more stragglers; each worker must still wait for one neighbour."),
+    ),
+]
+Staleness = Annotated[int | None, _opt("staleness", "-s")]
+MaxIg = Annotated[
+    int | None,
+    _opt(
+        "max_ig",
+        extra=(
+            "A worker never runs more than this many iterations ahead of an out-neighbour "
+            "(Sec. 4.2). Mandatory with backup workers."
+        ),
+    ),
+]
+SkipMax = Annotated[
+    int | None,
+    _opt(
+        "skip_max",
+        extra=("Lets a worker that is slow every iteration jump ahead (Sec. 5); try 10."),
+    ),
+]
+SkipTrigger = Annotated[int | None, _opt("skip_trigger")]
+Iterations = Annotated[int | None, _opt("iterations", "-k")]
+Slowdown = Annotated[
+    str | None,
+    _opt(
+        "slowdown",
+        extra=("e.g. random:6 (6x slower with probability 1/n), fixed:4@0, link:50@0-1."),
+    ),
+]
+Seed = Annotated[int | None, _opt("seed")]
+ApproachOpt = Annotated[
+    Approach | None,
+    _opt(
+        "approach",
+        extra=(
+            "parallel overlaps Send with Compute (faster iterations); serial computes, applies, "
+            "then sends (fewer iterations to converge)."
+        ),
+    ),
+]
+ComputeTime = Annotated[float | None, _opt("compute_time", panel=PANEL_SIM)]
+Latency = Annotated[float | None, _opt("latency", panel=PANEL_SIM)]
+Jitter = Annotated[float | None, _opt("jitter", panel=PANEL_SIM)]
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar="HOPBUS_CONFIG",
+        rich_help_panel=PANEL_RUN,
+        help="TOML file of settings (keys as the flags, e.g. max_ig = 10); flags override it.",
+    ),
+]
+Json = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON summary object on stdout instead of the table."),
+]
+
+
+def resolve(config_file: Path | None, given: dict[str, Any]) -> RunConfig:
+    """Defaults < config file < environment/flags. ``given`` maps field names to flag values,
+    None where the flag was not given."""
+    values: dict[str, Any] = {}
+    from_file: dict[str, str] = {}
+    if config_file is not None:
+        values.update(load_toml(config_file))
+        from_file = dict.fromkeys(values, str(config_file))
+    for key, value in given.items():
+        if value is not None:
+            values[key] = value
+            from_file.pop(key, None)
+    return make_config(values, from_file)
+
+
+def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
+    """Say so when a flag was given that the chosen mode ignores."""
+    unused = {
+        "backup": not cfg.mode.uses_backup,
+        "staleness": not cfg.mode.uses_staleness,
+        "skip_trigger": cfg.skip_max < 2,
+    }
+    for field, ignored in unused.items():
+        if ignored and given.get(field) is not None:
+            flag = "--" + field.replace("_", "-")
+            why = (
+                "without --skip-max 2 or more"
+                if field == "skip_trigger"
+                else f"with --mode {cfg.mode}"
+            )
+            warnings.warn(f"{flag} has no effect {why}", UserWarning, stacklevel=2)
