@@ -1,0 +1,167 @@
+"""The CLI as a user types it, each command in its own process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SUMMARY_KEYS = {
+    "config",
+    "workers",
+    "virtual",
+    "wall_s",
+    "iterations",
+    "iter_time_s",
+    "max_gap",
+    "gap_bound",
+    "violations",
+    "jumps",
+    "stale_dropped",
+    "max_update_queue",
+}
+
+
+def hopbus(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "hopbus", *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_topology_json_reports_neighbours_w_gap_and_bounds():
+    p = hopbus("topology", "ring-based", "-n", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["workers"] == 8 and rep["edges"] == 24
+    assert rep["neighbours"][0] == {"worker": 0, "in": [1, 4, 7], "out": [1, 4, 7]}
+    assert rep["W"][0][0] == 0.25 and sum(rep["W"][0]) == pytest.approx(1)
+    assert rep["spectral_gap"] == pytest.approx(0.5) and rep["doubly_stochastic"]
+    rows = {b["setting"]: b for b in rep["bounds"]}
+    assert rows["standard"]["any_pair"] == 2
+    assert rows["backup"]["any_pair"] is None
+    assert rows["backup+tokens(max_ig=5)"]["adjacent"] == 5
+
+
+def test_topology_table_for_people():
+    p = hopbus("topology", "hierarchical:4,2,2")
+    assert p.returncode == 0
+    assert "spectral gap" in p.stdout and "Table 1" in p.stdout
+    assert p.stderr.startswith("hopbus: warning: topology 'hierarchical:4,2,2': W is not doubly")
+
+
+def test_sim_json_is_one_summary_object():
+    p = hopbus(
+        "sim",
+        "--workers",
+        "8",
+        "--iterations",
+        "30",
+        "--mode",
+        "backup",
+        "--slowdown",
+        "random:6",
+        "--json",
+    )
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s.keys() >= SUMMARY_KEYS
+    assert s["virtual"] is True and s["workers"] == 8 and s["violations"] == 0
+    assert s["iterations"] == {"min": 30, "max": 30, "per_worker": [30] * 8}
+    assert s["config"]["mode"] == "backup" and s["config"]["max_ig"] == 5
+    assert set(s["iter_time_s"]) == {"mean", "p50", "per_worker"}
+    assert set(s["gap_bound"]) == {"adjacent", "any_pair"}
+
+
+def test_sim_human_summary():
+    p = hopbus("sim", "-n", "6", "-k", "10")
+    assert p.returncode == 0
+    assert "finished" in p.stdout and "violations 0" in p.stdout
+
+
+def test_sim_trace_is_the_progress_stream(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    p = hopbus("sim", "-n", "4", "-k", "5", "--trace", str(trace), "--json")
+    assert p.returncode == 0
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(rows) == 4 * 5
+    assert {"t", "worker", "iter", "compute_s", "wait_s", "blocked_on"} <= rows[0].keys()
+    assert sorted(r["iter"] for r in rows if r["worker"] == 2) == [1, 2, 3, 4, 5]
+
+
+def test_config_file_env_and_flags_layer(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('mode = "staleness"\nstaleness = 2\niterations = 7\nworkers = 6\n')
+    p = hopbus(
+        "sim", "--config", str(f), "--iterations", "9", "--json", env={"HOPBUS_STALENESS": "3"}
+    )
+    cfg = json.loads(p.stdout)["config"]
+    assert (cfg["mode"], cfg["staleness"], cfg["iterations"], cfg["workers"]) == (
+        "staleness",
+        3,
+        9,
+        6,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["sim", "--topology", "nope"], "unknown topology 'nope'"),
+        (["sim", "--workers", "1"], "--workers"),
+        (["sim", "--mode", "backup", "--backup", "3"], "must be smaller than worker 0's in-degree"),
+        (["sim", "--mode", "staleness", "--staleness", "-1"], "--staleness"),
+        (["sim", "--mode", "backup", "--max-ig", "0"], "needs token queues"),
+        (["sim", "--mode", "hybrid", "--max-ig", "0"], "needs token queues"),
+        (["sim", "--slowdown", "random:six"], "bad --slowdown"),
+        (["sim", "--slowdown", "fixed:4@20"], "worker 20 does not exist"),
+        (["sim", "--slowdown", "link:5@0-7"], "not neighbours"),
+        (["sim", "--workers", "many"], "--workers"),
+        (["sim", "--mode", "quick"], "--mode"),
+        (["sim", "--frobnicate"], "No such option"),
+        (["sim", "--config", "/nonexistent/run.toml"], "cannot read config file"),
+        (["sim", "--topology", "file:/nonexistent/edges.txt"], "cannot read topology file"),
+        (["sim", "--trace", "/nonexistent/dir/t.jsonl"], "cannot write --trace"),
+        (["topology", "ring", "-n", "1"], "--workers must be at least 2"),
+        (["topology", "ring"], "needs a number of workers"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    p = hopbus(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hopbus: error: "), p.stderr
+    assert words in lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_a_graph_that_is_not_strongly_connected_is_refused(tmp_path):
+    f = tmp_path / "oneway.txt"
+    f.write_text("0 1\n1 2\n")
+    p = hopbus("sim", "--topology", f"file:{f}")
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"hopbus: error: topology 'file:{f}' is not strongly connected: "
+        "worker 1 cannot reach worker 0"
+    )
+
+
+def test_flags_the_mode_ignores_are_warned_about():
+    p = hopbus("sim", "-n", "4", "-k", "3", "--staleness", "2", "--json")
+    assert p.returncode == 0
+    assert "hopbus: warning: --staleness has no effect with --mode standard" in p.stderr
+
+
+def test_help_works_everywhere():
+    for args in (["--help"], ["sim", "--help"], ["topology", "--help"]):
+        p = hopbus(*args)
+        assert p.returncode == 0 and "Usage" in p.stdout
+    assert "[default: 5]" in hopbus("sim", "--help", env={"COLUMNS": "200"}).stdout

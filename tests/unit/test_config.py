@@ -1,0 +1,98 @@
+"""RunConfig validation, TOML loading, and the settings the protocol refuses."""
+
+import pytest
+
+from hopbus.config import RunConfig, load_toml, make_config
+from hopbus.errors import ConfigError, SlowdownSpecError
+from hopbus.modes import Mode
+from hopbus.protocol.spec import ProtocolWarning, plan
+from hopbus.topology import NotDoublyStochasticWarning, Topology
+
+
+def test_defaults_and_topology_fills_in_workers():
+    cfg, topo = make_config({}).build_topology()
+    assert cfg.workers == 16 == topo.n and cfg.topology == "ring-based"
+    with pytest.warns(NotDoublyStochasticWarning):
+        cfg, topo = make_config({"topology": "hierarchical:4,2,2"}).build_topology()
+    assert cfg.workers == 8
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"workers": 1}, "--workers: input should be greater than or equal to 2"),
+        ({"staleness": -1}, "--staleness"),
+        ({"mode": "fast"}, "--mode"),
+        ({"backup": "1,x"}, "--backup: expected an integer"),
+        ({"iterations": 0}, "--iterations"),
+        ({"nonsense": 1}, "unknown setting 'nonsense'"),
+    ],
+)
+def test_bad_values_name_the_flag(values, match):
+    with pytest.raises(ConfigError, match=match):
+        make_config(values)
+
+
+def test_bad_slowdown_reports_the_grammar():
+    with pytest.raises(SlowdownSpecError, match="expected none"):
+        make_config({"slowdown": "random"})
+
+
+def test_values_from_a_file_name_the_file(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('mode = "backup"\nmax-ig = 10\nskip_max = -1\n')
+    values = load_toml(f)
+    assert values == {"mode": "backup", "max_ig": 10, "skip_max": -1}
+    with pytest.raises(ConfigError, match=r"run.toml: skip_max: input should be"):
+        make_config(values, dict.fromkeys(values, str(f)))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("mode = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(bad)
+
+
+def test_backup_lists_parse():
+    assert make_config({"backup": "1,0,2"}).backup == (1, 0, 2)
+    assert make_config({"backup": "2"}).backup == 2
+
+
+def check(**kw):
+    cfg, topo = make_config(kw).build_topology()
+    return plan(cfg.protocol_settings(), topo)
+
+
+def test_protocol_refusals():
+    with pytest.raises(ConfigError, match="needs token queues"):
+        check(mode="backup", max_ig=0)
+    with pytest.raises(ConfigError, match="needs token queues"):
+        check(mode="hybrid", max_ig=0)
+    with pytest.raises(ConfigError, match="smaller than worker 0's in-degree"):
+        check(mode="backup", backup=3)
+    with pytest.raises(ConfigError, match="lists 2 values"):
+        check(mode="backup", backup="1,1")
+    with pytest.raises(ConfigError, match="skip-max needs token queues"):
+        check(mode="staleness", max_ig=0, skip_max=5)
+
+
+def test_backup_is_not_checked_where_unused():
+    assert len(check(mode="staleness", backup=7)) == 16
+
+
+def test_useless_skipping_warns():
+    with pytest.warns(ProtocolWarning, match="use --mode backup"):
+        check(mode="standard", skip_max=10)
+    with pytest.warns(ProtocolWarning, match="raise --max-ig"):
+        check(mode="backup", skip_max=10, skip_trigger=5, max_ig=5)
+
+
+def test_store_is_sized_from_table1():
+    specs = plan(
+        make_config({"mode": "standard", "max_ig": 0}).protocol_settings(),
+        Topology.named("ring-based", 16),
+    )
+    assert specs[0].store_slots == 2  # a neighbour is at most 1 ahead (Theorem 1)
+    specs = plan(
+        RunConfig(mode=Mode.STALENESS, staleness=3, max_ig=2).protocol_settings(),
+        Topology.named("ring-based", 16),
+    )
+    assert specs[0].store_slots == 1 + 2 + 3 and specs[0].store_bound == 9

@@ -1,0 +1,72 @@
+"""The slowdown grammar and its deterministic draws."""
+
+import pytest
+
+from hopbus.errors import SlowdownSpecError
+from hopbus.heterogeneity import FixedSlowdown, Heterogeneity, LinkDelay, RandomSlowdown, parse
+
+
+def test_parse_every_part():
+    assert parse("none") == ()
+    assert parse("random:6") == (RandomSlowdown(6.0, None),)
+    assert parse("random:6:0.25") == (RandomSlowdown(6.0, 0.25),)
+    assert parse("fixed:4@0,3") == (FixedSlowdown(4.0, (0, 3)),)
+    assert parse("link:50@0-1") == (LinkDelay(0.05, 0, 1),)
+    assert len(parse("random:6 + fixed:2@1 + link:1.5@2-3")) == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "random",
+        "random:x",
+        "random:6:2",
+        "fixed:4",
+        "fixed:4@",
+        "fixed:0@1",
+        "link:5@1",
+        "link:5@1-",
+        "slow:3",
+        "none+random:6",
+        "random:-1",
+        "",
+    ],
+)
+def test_malformed_specs_are_one_clear_error(bad):
+    if bad == "":
+        assert parse(bad) == ()
+        return
+    with pytest.raises(SlowdownSpecError, match="bad --slowdown"):
+        parse(bad)
+
+
+def test_fixed_and_link_apply_to_named_workers_only():
+    h = Heterogeneity.from_spec("fixed:4@1+fixed:2@1+link:30@0-2", n=3)
+    assert [h.factor(w, 7) for w in range(3)] == [1.0, 8.0, 1.0]
+    assert h.link_delay(0, 2) == h.link_delay(2, 0) == pytest.approx(0.03)
+    assert h.link_delay(0, 1) == 0.0
+
+
+def test_unknown_workers_and_non_neighbour_links_are_refused():
+    with pytest.raises(SlowdownSpecError, match="worker 5 does not exist"):
+        Heterogeneity.from_spec("fixed:4@5", n=4)
+    h = Heterogeneity.from_spec("link:10@0-2", n=4)
+    with pytest.raises(SlowdownSpecError, match="not neighbours"):
+        h.check_links(lambda a, b: abs(a - b) == 1, "ring")
+
+
+def test_random_slowdown_rate_is_p_and_draws_are_order_independent():
+    n, iters = 16, 4000
+    h = Heterogeneity.from_spec("random:6", n=n, seed=3)
+    slow = sum(h.factor(w, k) == 6.0 for w in range(n) for k in range(iters))
+    assert slow / (n * iters) == pytest.approx(1 / n, rel=0.1)  # default p = 1/n
+    other = Heterogeneity.from_spec("random:6", n=n, seed=3)
+    backwards = [other.factor(5, k) for k in reversed(range(3000))][::-1]
+    assert backwards == [h.factor(5, k) for k in range(3000)]
+    assert Heterogeneity.from_spec("random:6", n=n, seed=4).factor(5, 0) in (1.0, 6.0)
+    differs = any(
+        Heterogeneity.from_spec("random:6", n=n, seed=4).factor(w, k) != h.factor(w, k)
+        for w in range(n)
+        for k in range(200)
+    )
+    assert differs

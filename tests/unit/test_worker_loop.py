@@ -1,0 +1,173 @@
+"""The worker loop driven by hand: which effects, in which order, with which arguments.
+
+This is the contract every driver relies on. No simulator here: a tiny driver answers each
+effect the way a test wants.
+"""
+
+from helpers import complete3
+
+from hopbus.modes import Approach, Mode
+from hopbus.protocol import effects as fx
+from hopbus.protocol.spec import ProtocolSettings, plan
+from hopbus.protocol.worker import worker_loop
+
+
+def drive(spec, answer, limit=200):
+    """Run ``worker_loop(spec)`` recording effect types; ``answer(effect)`` gives the result."""
+    gen = worker_loop(spec)
+    seen = []
+    value = None
+    for _ in range(limit):
+        try:
+            eff = gen.send(value)
+        except StopIteration:
+            return seen
+        seen.append(eff)
+        value = answer(eff)
+    raise AssertionError("loop did not finish")
+
+
+def spec_for(worker=0, **kw):
+    return plan(ProtocolSettings(**kw), complete3())[worker]
+
+
+def everything_ready(spec, token_counts=None):
+    box = spec.new_mailbox()
+
+    def answer(eff):
+        if isinstance(eff, fx.ReadIterations):
+            return dict.fromkeys(eff.of, 0)
+        if isinstance(eff, fx.ReadTokenCounts):
+            return token_counts or dict.fromkeys(eff.of, spec.settings.max_ig)
+        if isinstance(eff, fx.Recv):
+            req = eff.requirement
+            for j in spec.in_peers:  # every neighbour's update of that iteration arrives
+                box.deliver_update(j, req.iteration)
+                box.deliver_ack(j, req.iteration)
+            assert req.ready(box)
+            return req.take(box)
+        return None
+
+    return answer
+
+
+def kinds(effects):
+    return [type(e).__name__ for e in effects]
+
+
+def test_parallel_iteration_matches_fig4_and_fig7():
+    spec = spec_for(iterations=2, max_ig=3)
+    seen = drive(spec, everything_ready(spec))
+    assert kinds(seen) == [
+        "Start",
+        "ReadIterations",
+        "Send",
+        "Compute",
+        "Recv",
+        "Reduce",
+        "Apply",
+        "Advance",
+        "ReadIterations",
+        "Send",
+        "Compute",
+        "Recv",
+        "Reduce",
+        "Apply",
+        "Advance",
+        "Finish",
+    ]
+    start, adv = seen[0], seen[7]
+    assert start == fx.Start(put_to=(1, 2), count=3)  # max_ig tokens for every in-neighbour
+    assert adv == fx.Advance(0, 1, take_from=(1, 2), put_to=(1, 2))
+    assert seen[-1] == fx.Finish(2)
+
+
+def test_serial_approach_sends_after_apply():
+    spec = spec_for(iterations=1, approach=Approach.SERIAL, max_ig=0, send_check=False)
+    seen = drive(spec, everything_ready(spec))
+    assert kinds(seen) == [
+        "Start",
+        "Compute",
+        "Apply",
+        "Send",
+        "Recv",
+        "Reduce",
+        "Advance",
+        "Finish",
+    ]
+    assert seen[-2] == fx.Advance(0, 1, take_from=(), put_to=())  # no token queues
+
+
+def test_notify_ack_waits_for_acks_before_sending_and_acks_after_reduce():
+    spec = spec_for(iterations=2, mode=Mode.NOTIFY_ACK, max_ig=0, send_check=False)
+    seen = drive(spec, everything_ready(spec))
+    assert kinds(seen) == [
+        "Start",
+        "Send",
+        "Compute",
+        "Recv",
+        "Reduce",
+        "SendAcks",
+        "Apply",
+        "Advance",
+        "Recv",
+        "Send",
+        "Compute",
+        "Recv",
+        "Reduce",
+        "SendAcks",
+        "Apply",
+        "Advance",
+        "Finish",
+    ]
+    ack_wait = seen[8].requirement
+    assert (type(ack_wait).__name__, ack_wait.iteration, ack_wait.sources) == (
+        "AcksFrom",
+        0,
+        (1, 2),
+    )
+    assert seen[5] == fx.SendAcks(0, (1, 2))
+
+
+def test_send_check_drops_receivers_already_past():
+    spec = spec_for(iterations=1, max_ig=3)
+    base = everything_ready(spec)
+
+    def answer(eff):
+        if isinstance(eff, fx.ReadIterations):
+            return {1: 0, 2: 1}  # worker 2 has already left iteration 0
+        return base(eff)
+
+    seen = drive(spec, answer)
+    assert [e for e in seen if isinstance(e, fx.Send)] == [fx.Send(0, (1,))]
+
+
+def test_straggler_renews_with_recv_k_minus_1_then_jumps():
+    """Sec. 5: out-neighbours 4 ahead (token counts 4 + max_ig): Recv(0) as usual, then
+    Recv(3) + Reduce, then one Advance 0 -> 4 that takes and puts 4 tokens."""
+    spec = spec_for(
+        iterations=10, mode=Mode.BACKUP, backup=1, max_ig=5, skip_max=10, skip_trigger=1
+    )
+    counts = {1: 9, 2: 9}
+    seen = drive(spec, everything_ready(spec, counts))
+    first = kinds(seen)[:12]
+    assert first == [
+        "Start",
+        "ReadIterations",
+        "Send",
+        "Compute",
+        "Recv",
+        "Reduce",
+        "Apply",
+        "ReadTokenCounts",
+        "Recv",
+        "Reduce",
+        "Advance",
+        "ReadIterations",
+    ]
+    assert seen[8].requirement.iteration == 3
+    assert seen[10] == fx.Advance(0, 4, take_from=(1, 2), put_to=(1, 2))
+    assert seen[10].count == 4
+    advances = [e for e in seen if isinstance(e, fx.Advance)]
+    assert advances[-1].to == 10  # never past the last iteration
+    assert seen[-1] == fx.Finish(10)
