@@ -92,7 +92,7 @@ def distances_from(g: nx.DiGraph, source: int) -> list[int]:
 def distance_matrix(g: nx.DiGraph) -> np.ndarray:
     """``D[i, j]`` = length(Path_{i->j}), the shortest directed path from i to j (-1: none)."""
     n = g.number_of_nodes()
-    d = np.empty((n, n), dtype=np.int64)
+    d = np.empty((n, n), dtype=np.int32)  # n^2 entries: keep them small for big graphs
     for i in range(n):
         d[i] = distances_from(g, i)
     return d

@@ -64,9 +64,11 @@ def bound_matrix(setting: GapSetting, dist: np.ndarray) -> np.ndarray:
 
     ``dist[i, j]`` is length(Path_{i->j}) for a strongly connected graph.
     """
-    d = dist.astype(float)
+    d = dist.astype(np.float32)  # exact for any bound below 2**24; half the memory of float64
     with np.errstate(invalid="ignore"):  # inf * 0 on the diagonal, overwritten below
-        b = np.minimum(setting.forward * d.T, setting.backward * d)
+        b = d.T * np.float32(setting.forward)
+        d *= np.float32(setting.backward)
+        np.minimum(b, d, out=b)
     np.fill_diagonal(b, 0.0)
     return b
 
