@@ -42,7 +42,7 @@ class ProtocolSettings:
     skip_trigger: jump only when more than this many iterations behind the slowest out-neighbour.
     approach: parallel (Send overlaps Compute, Hop's choice) or serial (Sec. 3.2).
     send_check: ask a receiver's iteration before sending and skip updates it can no longer use
-        (Sec. 6.2). Only turn off to measure what it saves.
+        (Sec. 6.2). Not a flag: turn it off through this API only to measure what it saves.
     """
 
     mode: Mode = Mode.STANDARD

@@ -92,33 +92,26 @@ def test_fig3a_backup_workers_advance_without_a_until_tokens_run_out():
     assert {b.waiting_for for b in r.blocked[1:]} == {"tokens"}
 
 
+def straggler_from(iteration: int) -> Schedule:
+    """Worker A (0) computes 100x slower from ``iteration`` on; B and C stay normal."""
+    return Schedule(lambda w, k: 100.0 if w == 0 and k >= iteration else 1.0)
+
+
+def without_and_with_skipping(slow_from: int, **settings):
+    """Where everybody stands just before A ends its slow iteration without skipping, and
+    after A's jump (skipping at most 10, trigger 1), while A is in its next slow iteration."""
+    common = {"iterations": 50, "schedule": straggler_from(slow_from), **settings}
+    _, before = simulate(complete3(), until=99.0, **common)
+    _, after = simulate(complete3(), until=150.0, skip_max=10, skip_trigger=1, **common)
+    return before, after
+
+
 def test_fig10b_backup_straggler_jumps_from_5_to_10_and_frees_b_and_c_for_5_more():
     """Fig. 10(b), max_ig = 5: A slows down in iteration 5; B and C reach 10 and block on A's
     token queues. A ends iteration 5, sees max_jump - max_ig = 5 and jumps to 10; B and C
     then train non-stop to 15 while A is still in iteration 10."""
-    slow_a = Schedule(lambda w, k: 100.0 if w == 0 and k >= 5 else 1.0)
-    _, before = simulate(
-        complete3(),
-        mode=Mode.BACKUP,
-        backup=1,
-        max_ig=5,
-        iterations=50,
-        schedule=slow_a,
-        until=99.0,
-    )
+    before, r = without_and_with_skipping(5, mode=Mode.BACKUP, backup=1, max_ig=5)
     assert final_iterations(before) == [5, 10, 10]  # blocked on tokens, as drawn
-
-    _, r = simulate(
-        complete3(),
-        mode=Mode.BACKUP,
-        backup=1,
-        max_ig=5,
-        iterations=50,
-        skip_max=10,
-        skip_trigger=1,
-        schedule=slow_a,
-        until=150.0,
-    )
     assert r.stats.jumps == 1
     assert r.stats.skipped == 4  # iterations 6..9 never computed
     assert final_iterations(r) == [10, 15, 15]
@@ -129,29 +122,8 @@ def test_fig10a_staleness_straggler_jumps_to_9():
     B and C finish every iteration k with k - 4 <= 4 and wait in iteration 9 (s + 1 ahead;
     the text's "no more than 4 faster" counts the last iteration they finish). A ends
     iteration 4, jumps to 9 as in the figure, and B and C resume until 9 + s + 1 = 14."""
-    slow_a = Schedule(lambda w, k: 100.0 if w == 0 and k >= 4 else 1.0)
-    _, before = simulate(
-        complete3(),
-        mode=Mode.STALENESS,
-        staleness=4,
-        max_ig=10,
-        iterations=50,
-        schedule=slow_a,
-        until=99.0,
-    )
+    before, r = without_and_with_skipping(4, mode=Mode.STALENESS, staleness=4, max_ig=10)
     assert final_iterations(before) == [4, 9, 9]
-
-    _, r = simulate(
-        complete3(),
-        mode=Mode.STALENESS,
-        staleness=4,
-        max_ig=10,
-        iterations=50,
-        skip_max=10,
-        skip_trigger=1,
-        schedule=slow_a,
-        until=150.0,
-    )
     assert r.stats.jumps == 1
     assert final_iterations(r) == [9, 14, 14]
 
