@@ -32,32 +32,45 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     a = ap.parse_args()
     common = {"iterations": a.iterations}
-    out: dict = {"workers": 16, "iterations": a.iterations, "seeds": a.seeds,
-                 "unit": "mean virtual seconds per iteration (compute 1.0, latency 0.05)"}
+    out: dict = {
+        "workers": 16,
+        "iterations": a.iterations,
+        "seeds": a.seeds,
+        "unit": "mean virtual seconds per iteration (compute 1.0, latency 0.05)",
+    }
 
     random_rows = {}
     for topo in ("ring", "ring-based", "double-ring"):
         r = {"no slowdown": mean_iter(1, topology=topo, slowdown="none", **common)}
-        for name, kw in [("standard", {"mode": "standard"}),
-                         ("backup (1)", {"mode": "backup", "backup": 1}),
-                         ("staleness (s=5)", {"mode": "staleness", "staleness": 5}),
-                         ("hybrid", {"mode": "hybrid", "backup": 1, "staleness": 5})]:
+        for name, kw in [
+            ("standard", {"mode": "standard"}),
+            ("backup (1)", {"mode": "backup", "backup": 1}),
+            ("staleness (s=5)", {"mode": "staleness", "staleness": 5}),
+            ("hybrid", {"mode": "hybrid", "backup": 1, "staleness": 5}),
+        ]:
             r[name] = mean_iter(a.seeds, topology=topo, slowdown="random:6", **kw, **common)
-        r["speedup vs standard"] = {k: round(r["standard"] / v, 3) for k, v in r.items()
-                                    if k not in ("standard", "no slowdown")}
+        r["speedup vs standard"] = {
+            k: round(r["standard"] / v, 3)
+            for k, v in r.items()
+            if k not in ("standard", "no slowdown")
+        }
         random_rows[topo] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
     out["random_slowdown_6x_p1_16"] = random_rows
 
     det = {"no slowdown": mean_iter(1, slowdown="none", **common)}
-    for name, kw in [("standard", {"mode": "standard"}),
-                     ("backup (1)", {"mode": "backup"}),
-                     ("skip <=2", {"mode": "backup", "skip_max": 2, "max_ig": 10}),
-                     ("skip <=10", {"mode": "backup", "skip_max": 10, "max_ig": 10})]:
+    for name, kw in [
+        ("standard", {"mode": "standard"}),
+        ("backup (1)", {"mode": "backup"}),
+        ("skip <=2", {"mode": "backup", "skip_max": 2, "max_ig": 10}),
+        ("skip <=10", {"mode": "backup", "skip_max": 10, "max_ig": 10}),
+    ]:
         det[name] = mean_iter(1, slowdown="fixed:4@0", **kw, **common)
-    det["slowdown vs no slowdown"] = {k: round(v / det["no slowdown"], 3) for k, v in det.items()
-                                      if k != "no slowdown"}
+    det["slowdown vs no slowdown"] = {
+        k: round(v / det["no slowdown"], 3) for k, v in det.items() if k != "no slowdown"
+    }
     out["deterministic_slowdown_4x_worker_0_ring_based"] = {
-        k: (round(v, 4) if isinstance(v, float) else v) for k, v in det.items()}
+        k: (round(v, 4) if isinstance(v, float) else v) for k, v in det.items()
+    }
     print(json.dumps(out, indent=2))
 
 

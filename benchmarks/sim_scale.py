@@ -21,8 +21,18 @@ TARGET_S = 60.0
 
 
 def run(workers: int, iterations: int, extra: list[str]) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "hopbus", "sim", "--workers", str(workers), "--iterations",
-           str(iterations), "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hopbus",
+        "sim",
+        "--workers",
+        str(workers),
+        "--iterations",
+        str(iterations),
+        "--json",
+        *extra,
+    ]
     start = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, json.loads(p.stdout)
@@ -38,19 +48,23 @@ def main() -> None:
     wall_s, summary = run(a.workers, a.iterations, a.extra)
     per_small = small["runtime_s"] / (100 * 100)
     per_big = summary["runtime_s"] / (a.workers * a.iterations)
-    print(json.dumps({
-        "command": f"hopbus sim --workers {a.workers} --iterations {a.iterations} "
-                   + " ".join(a.extra),
-        "cpus": os.cpu_count(),
-        "wall_s": round(wall_s, 2),
-        "simulate_s": round(summary["runtime_s"], 2),
-        "target_s": TARGET_S,
-        "target_ratio": round(wall_s / TARGET_S, 3),
-        "us_per_worker_iteration": round(per_big * 1e6, 2),
-        "scaling": round(per_big / per_small, 2),
-        "finished": summary["finished"],
-        "violations": summary["violations"],
-    }))
+    print(
+        json.dumps(
+            {
+                "command": f"hopbus sim --workers {a.workers} --iterations {a.iterations} "
+                + " ".join(a.extra),
+                "cpus": os.cpu_count(),
+                "wall_s": round(wall_s, 2),
+                "simulate_s": round(summary["runtime_s"], 2),
+                "target_s": TARGET_S,
+                "target_ratio": round(wall_s / TARGET_S, 3),
+                "us_per_worker_iteration": round(per_big * 1e6, 2),
+                "scaling": round(per_big / per_small, 2),
+                "finished": summary["finished"],
+                "violations": summary["violations"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -127,8 +127,8 @@ def summary(console: Console, s: dict[str, Any]) -> None:
     )
     t.add_row(
         "traffic",
-        f"{s['messages']} updates sent, {s['sends_skipped']} not sent (receiver "
-        f"already past them), {s['stale_dropped']} dropped as stale",
+        f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the receiver "
+        f"was done with them), {s['stale_dropped']} dropped as stale",
     )
     if cfg["skip_max"] >= 2:
         t.add_row("jumps", f"{s['jumps']} jumps over {s['skipped_iterations']} iterations")

@@ -26,8 +26,16 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadIterations:
-    """Current iteration of each listed worker. Returns ``dict[worker, iteration]``."""
+class PublishFloor:
+    """Announce the oldest update iteration this worker still accepts (its store's floor), so
+    that senders can leave out what it would only drop (Sec. 6.2)."""
+
+    floor: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFloors:
+    """The floor each listed worker last published. Returns ``dict[worker, floor]``."""
 
     of: tuple[int, ...]
 
@@ -115,7 +123,8 @@ class Finish:
 
 Effect = (
     Start
-    | ReadIterations
+    | PublishFloor
+    | ReadFloors
     | Send
     | Compute
     | Recv

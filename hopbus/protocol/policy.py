@@ -35,12 +35,6 @@ class Policy:
         """Oldest update iteration a worker in iteration ``k`` can still use (Sec. 4.3, 4.4)."""
         return k - self.staleness if self.stale_ok else k
 
-    def wants(self, iteration: int, receiver_iteration: int) -> bool:
-        """Sec. 6.2: is an update of ``iteration`` worth sending to a receiver now in
-        ``receiver_iteration``? Every worker of a run shares the mode, so the sender can apply
-        the receiver's floor."""
-        return iteration >= self.floor(receiver_iteration)
-
     def requirement(self, k: int) -> Requirement:
         """What Recv(k) waits for (Fig. 4, 8, 9)."""
         if self.stale_ok:
@@ -55,9 +49,9 @@ class Policy:
         return AcksFrom(k, out_peers)
 
     def reduction(
-        self, k: int, updates: Sequence[Update]
+        self, k: int, updates: Sequence[Update], own_iteration: int | None = None
     ) -> tuple[float, tuple[tuple[Update, float], ...]]:
-        """Weights of Reduce in iteration ``k``: own parameters and each update taken.
+        """Weights of Reduce after Recv(k): own parameters and each update taken.
 
         Every term weighs W_ji times a staleness factor, normalised to sum to 1:
 
@@ -65,15 +59,20 @@ class Policy:
           Fig. 1 line 3 with W;
         * backup: factor 1 over the updates received, i.e. Fig. 8's plain average when W is
           eq. (1);
-        * staleness / hybrid: factor Iter(u) - (k - s) + 1, eq. (2) when W is eq. (1); the
-          worker's own parameters are of iteration k and weigh s + 1.
+        * staleness / hybrid: factor Iter(u) - (k - s) + 1, eq. (2) when W is eq. (1). The
+          worker's own parameters are of ``own_iteration``: k normally, so they weigh s + 1;
+          older when it is about to jump (Sec. 5), and then they weigh less, nothing at all once
+          older than k - s. If nothing at all is left to weigh, it keeps its own parameters.
         """
         if self.stale_ok:
             base = k - self.staleness - 1
-            own = self.self_weight * (k - base)
+            mine = k if own_iteration is None else own_iteration
+            own = self.self_weight * max(0, mine - base)
             raw = [self.in_weights[u.src] * (u.iteration - base) for u in updates]
         else:
             own = self.self_weight
             raw = [self.in_weights[u.src] for u in updates]
         total = own + sum(raw)
+        if total <= 0:
+            return 1.0, tuple((u, 0.0) for u in updates)
         return own / total, tuple((u, r / total) for u, r in zip(updates, raw, strict=True))

@@ -24,7 +24,8 @@ from hopbus.protocol.effects import (
     Compute,
     Effect,
     Finish,
-    ReadIterations,
+    PublishFloor,
+    ReadFloors,
     ReadTokenCounts,
     Recv,
     Reduce,
@@ -53,31 +54,36 @@ def worker_loop(spec: WorkerSpec) -> Loop:
         if acks and k > 0:  # Sec. 3.3: no Send(k) before ACK(k-1) from every out-neighbour
             yield Recv(policy.acks_requirement(k - 1, outs))
         targets = outs
-        if s.send_check:  # Sec. 6.2: skip receivers that can no longer use this update
-            now = yield ReadIterations(outs)
-            targets = tuple(j for j in outs if policy.wants(k, now[j]))
+        if s.send_check:  # Sec. 6.2: leave out receivers that would only drop this update
+            floors = yield ReadFloors(outs)
+            targets = tuple(j for j in outs if k >= floors[j])
         yield Send(k, targets)
 
-    def recv_reduce(k: int) -> Loop:
-        got = yield Recv(policy.requirement(k))
-        own, terms = policy.reduction(k, got)
+    def recv_reduce(k: int, own_iteration: int) -> Loop:
+        req = policy.requirement(k)
+        got = yield Recv(req)
+        if s.send_check:
+            yield PublishFloor(req.next_floor)
+        own, terms = policy.reduction(k, got, own_iteration)
         yield Reduce(k, own, terms)
         if acks:
             yield SendAcks(k, ins)
 
     yield Start(put_to, s.max_ig if tokens else 0)
+    if s.send_check:
+        yield PublishFloor(policy.floor(0))
     k = 0
     while k < total:
         if parallel:  # Fig. 2(b), Fig. 4: Send(x_k) || Compute(x_k); Recv; Reduce; Apply
             yield from send(k)
             yield Compute(k)
-            yield from recv_reduce(k)
+            yield from recv_reduce(k, k)
             yield Apply(k)
         else:  # Fig. 2(a): Compute; Apply; Send; Recv; Reduce
             yield Compute(k)
             yield Apply(k)
             yield from send(k)
-            yield from recv_reduce(k)
+            yield from recv_reduce(k, k)
         step = 1
         if s.skipping:
             counts = yield ReadTokenCounts(outs)
@@ -89,7 +95,7 @@ def worker_loop(spec: WorkerSpec) -> Loop:
                 remaining=total - k,
             )
             if step > 1:  # Sec. 5: renew parameters with Recv(k'-1) + Reduce, then jump to k'
-                yield from recv_reduce(k + step - 1)
+                yield from recv_reduce(k + step - 1, k + 1)  # own parameters: x_{k+1}
         yield Advance(k, k + step, take_from, put_to)
         k += step
     yield Finish(k)

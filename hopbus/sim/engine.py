@@ -31,7 +31,8 @@ from hopbus.protocol.effects import (
     Apply,
     Compute,
     Finish,
-    ReadIterations,
+    PublishFloor,
+    ReadFloors,
     ReadTokenCounts,
     Recv,
     Reduce,
@@ -43,7 +44,7 @@ from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import ProtocolSettings, WorkerSpec, plan
 from hopbus.protocol.store import Mailbox
 from hopbus.protocol.tokens import TokenLedger
-from hopbus.protocol.worker import worker_loop
+from hopbus.protocol.worker import Loop, worker_loop
 from hopbus.summary import RunStats
 from hopbus.topology import Topology
 
@@ -65,10 +66,10 @@ class _Worker:
         "wait_s",
     )
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, loop: Callable[[WorkerSpec], Loop]) -> None:
         self.i = spec.worker
         self.spec = spec
-        self.gen = worker_loop(spec)
+        self.gen = loop(spec)
         self.box: Mailbox = spec.new_mailbox()
         self.blocked: Requirement | Advance | None = None
         self.blocked_on: tuple[int, ...] = ()
@@ -123,7 +124,12 @@ class Simulation:
         jitter: float = 0.0,
         seed: int = 0,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
+        loop: Callable[[WorkerSpec], Loop] = worker_loop,
+        audit: bool = False,
     ) -> None:
+        """``loop`` builds each worker's generator (tests wrap ``worker_loop`` to watch it);
+        ``audit`` checks after every event that no waiting worker could in fact go on, i.e.
+        that no wake-up was missed (slow: for tests)."""
         self.topology = topology
         self.settings = settings
         self.het = heterogeneity
@@ -133,11 +139,13 @@ class Simulation:
         self._rng = random.Random(seed)
         self.on_progress = on_progress
         self.specs = plan(settings, topology)
-        self.workers = [_Worker(s) for s in self.specs]
+        self.workers = [_Worker(s, loop) for s in self.specs]
+        self.audit = audit
         self.ledger = TokenLedger()
         self.monitor = GapMonitor(topology, settings.gap_setting)
         self.stats = RunStats(topology.n)
         self._iters = [0] * topology.n
+        self._floors = [s.policy.floor(0) for s in self.specs]  # as published by each worker
         self._heap: list[tuple] = []
         self._seq = 0
         self._wake: deque[_Worker] = deque()
@@ -203,9 +211,11 @@ class Simulation:
                     return
             elif kind is Reduce or kind is Apply:
                 pass  # no parameters in a simulation
-            elif kind is ReadIterations:
-                it = self._iters
-                value = {j: it[j] for j in eff.of}
+            elif kind is ReadFloors:
+                floors = self._floors
+                value = {j: floors[j] for j in eff.of}
+            elif kind is PublishFloor:
+                self._floors[w.i] = eff.floor
             elif kind is Advance:
                 if not self._advance(w, eff):
                     self._park(w, eff)
@@ -350,11 +360,28 @@ class Simulation:
             else:
                 self._on_message(kind, a, b, c)
             events += 1
+            if self.audit:
+                while wake:
+                    self._retry_advance(wake.popleft())
+                self._audit()
             if progress is not None and not events % 65536:
                 progress(self._advanced / total)
         if progress is not None:
             progress(self._advanced / total)
         return self._result(stopped_at, time.perf_counter() - started)
+
+    def _audit(self) -> None:
+        """No worker may wait for something that is already there."""
+        for w in self.workers:
+            what = w.blocked
+            if what is None:
+                continue
+            if type(what) is Advance:
+                stuck = self.ledger.can_take(what.take_from, w.i, what.count)
+            else:
+                stuck = what.ready(w.box)
+            if stuck:
+                raise AssertionError(f"t={self.now}: worker {w.i} still waits for {what!r}")
 
     def _result(self, stopped_at: float | None, runtime: float) -> SimResult:
         blocked = []

@@ -135,15 +135,24 @@ def test_reduce_weights_are_a_convex_combination(mode, s, k, ups):
     weights = [own] + [w for _, w in terms]
     assert all(w > 0 for w in weights)
     assert sum(weights) == pytest.approx(1.0)
+    own, terms = policy(mode, s=s).reduction(k, [Update(j, it) for j, it in ups], k - 2 * s - 2)
+    weights = [own] + [w for _, w in terms]
+    assert all(w >= 0 for w in weights)
+    assert sum(weights) == pytest.approx(1.0)
 
 
-def test_send_check_skips_receivers_already_past_unless_staleness_can_use_it():
-    """Sec. 6.2: an update of iteration 4 is useless to a receiver in iteration 5 ... unless
-    it may still use updates up to s old."""
-    assert policy(Mode.BACKUP).wants(4, 4)
-    assert not policy(Mode.BACKUP).wants(4, 5)
-    assert policy(Mode.STALENESS, s=2).wants(4, 6)
-    assert not policy(Mode.STALENESS, s=2).wants(4, 7)
+def test_floor_is_what_a_receiver_still_accepts():
+    """Sec. 6.2's send check compares against this: done with iteration k means k + 1, or
+    k + 1 - s when updates up to s old are still of use."""
+    assert policy(Mode.BACKUP).floor(5) == 5
+    assert policy(Mode.STALENESS, s=2).floor(5) == 3
+
+
+def test_own_parameters_older_than_k_minus_s_weigh_nothing():
+    pol = policy(Mode.STALENESS, s=1)
+    own, terms = pol.reduction(10, [Update(1, 9)], own_iteration=7)
+    assert own == 0.0 and [w for _, w in terms] == [1.0]
+    assert pol.reduction(10, [], own_iteration=7) == (1.0, ())  # nothing else: keep own
 
 
 def test_lag_behind_reads_the_token_invariant():

@@ -4,6 +4,7 @@ This is the contract every driver relies on. No simulator here: a tiny driver an
 effect the way a test wants.
 """
 
+import pytest
 from helpers import complete3
 
 from hopbus.modes import Approach, Mode
@@ -35,7 +36,7 @@ def everything_ready(spec, token_counts=None):
     box = spec.new_mailbox()
 
     def answer(eff):
-        if isinstance(eff, fx.ReadIterations):
+        if isinstance(eff, fx.ReadFloors):
             return dict.fromkeys(eff.of, 0)
         if isinstance(eff, fx.ReadTokenCounts):
             return token_counts or dict.fromkeys(eff.of, spec.settings.max_ig)
@@ -60,24 +61,29 @@ def test_parallel_iteration_matches_fig4_and_fig7():
     seen = drive(spec, everything_ready(spec))
     assert kinds(seen) == [
         "Start",
-        "ReadIterations",
+        "PublishFloor",
+        "ReadFloors",
         "Send",
         "Compute",
         "Recv",
+        "PublishFloor",
         "Reduce",
         "Apply",
         "Advance",
-        "ReadIterations",
+        "ReadFloors",
         "Send",
         "Compute",
         "Recv",
+        "PublishFloor",
         "Reduce",
         "Apply",
         "Advance",
         "Finish",
     ]
-    start, adv = seen[0], seen[7]
+    start, adv = seen[0], seen[9]
     assert start == fx.Start(put_to=(1, 2), count=3)  # max_ig tokens for every in-neighbour
+    assert seen[1] == fx.PublishFloor(0)
+    assert seen[6] == fx.PublishFloor(1)  # done with iteration 0 as soon as Recv(0) is
     assert adv == fx.Advance(0, 1, take_from=(1, 2), put_to=(1, 2))
     assert seen[-1] == fx.Finish(2)
 
@@ -129,13 +135,13 @@ def test_notify_ack_waits_for_acks_before_sending_and_acks_after_reduce():
     assert seen[5] == fx.SendAcks(0, (1, 2))
 
 
-def test_send_check_drops_receivers_already_past():
+def test_send_check_leaves_out_receivers_whose_floor_is_past():
     spec = spec_for(iterations=1, max_ig=3)
     base = everything_ready(spec)
 
     def answer(eff):
-        if isinstance(eff, fx.ReadIterations):
-            return {1: 0, 2: 1}  # worker 2 has already left iteration 0
+        if isinstance(eff, fx.ReadFloors):
+            return {1: 0, 2: 1}  # worker 2 is done with iteration 0
         return base(eff)
 
     seen = drive(spec, answer)
@@ -150,24 +156,39 @@ def test_straggler_renews_with_recv_k_minus_1_then_jumps():
     )
     counts = {1: 9, 2: 9}
     seen = drive(spec, everything_ready(spec, counts))
-    first = kinds(seen)[:12]
+    first = kinds(seen)[:15]
     assert first == [
         "Start",
-        "ReadIterations",
+        "PublishFloor",
+        "ReadFloors",
         "Send",
         "Compute",
         "Recv",
+        "PublishFloor",
         "Reduce",
         "Apply",
         "ReadTokenCounts",
         "Recv",
+        "PublishFloor",
         "Reduce",
         "Advance",
-        "ReadIterations",
+        "ReadFloors",
     ]
-    assert seen[8].requirement.iteration == 3
-    assert seen[10] == fx.Advance(0, 4, take_from=(1, 2), put_to=(1, 2))
-    assert seen[10].count == 4
+    assert seen[10].requirement.iteration == 3
+    assert seen[11] == fx.PublishFloor(4)
+    assert seen[13] == fx.Advance(0, 4, take_from=(1, 2), put_to=(1, 2))
+    assert seen[13].count == 4
     advances = [e for e in seen if isinstance(e, fx.Advance)]
     assert advances[-1].to == 10  # never past the last iteration
     assert seen[-1] == fx.Finish(10)
+
+
+def test_a_jumpers_own_parameters_weigh_as_old_as_they_are():
+    """Staleness, s = 4, jump 0 -> 4: the Reduce after Recv(3) weighs own parameters (of
+    iteration 1) by eq. (2) as 1 - (3 - 4) + 1 = 3 against an update of iteration 3 with 5."""
+    spec = spec_for(
+        iterations=10, mode=Mode.STALENESS, staleness=4, max_ig=5, skip_max=10, skip_trigger=1
+    )
+    seen = drive(spec, everything_ready(spec, {1: 9, 2: 9}))
+    jump_reduce = next(e for e in seen if isinstance(e, fx.Reduce) and e.iteration == 3)
+    assert jump_reduce.self_weight == pytest.approx(3 / (3 + 5 + 5))
