@@ -7,6 +7,7 @@ takes a RunConfig, so a setting means the same everywhere and is checked in one 
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from hopbus.errors import ConfigError
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.spec import ProtocolSettings
 from hopbus.topology import Topology
+from hopbus.topology.graphs import SIZED
 
 DEFAULT_WORKERS = 16
 
@@ -56,14 +58,10 @@ class RunConfig(BaseModel):
     @classmethod
     def _backup_list(cls, v: Any) -> Any:
         if isinstance(v, str):
-            try:
-                values = tuple(int(x) for x in v.split(",") if x.strip())
-            except ValueError:
-                raise ValueError(
-                    "expected an integer or a comma-separated list of integers"
-                ) from None
-            if not values:
+            items = [x for x in v.split(",") if x.strip()]
+            if not items or not all(x.strip().lstrip("-").isdigit() for x in items):
                 raise ValueError("expected an integer or a comma-separated list of integers")
+            values = tuple(int(x) for x in items)
             return values[0] if len(values) == 1 else values
         return v
 
@@ -74,23 +72,18 @@ class RunConfig(BaseModel):
         return v
 
     def protocol_settings(self) -> ProtocolSettings:
-        return ProtocolSettings(
-            mode=self.mode,
-            iterations=self.iterations,
-            backup=self.backup,
-            staleness=self.staleness,
-            max_ig=self.max_ig,
-            skip_max=self.skip_max,
-            skip_trigger=self.skip_trigger,
-            approach=self.approach,
-        )
+        """The protocol's knobs, which share their names with these fields."""
+        names = {f.name for f in dataclasses.fields(ProtocolSettings)} & type(
+            self
+        ).model_fields.keys()
+        return ProtocolSettings(**{name: getattr(self, name) for name in names})
 
     def build_topology(self) -> tuple[RunConfig, Topology]:
         """Build the graph and return the config with ``workers`` filled in from it."""
-        named_n = self.workers
-        if named_n is None and not self.topology.startswith(("hierarchical:", "file:")):
-            named_n = DEFAULT_WORKERS
-        topo = Topology.named(self.topology, named_n)
+        n = self.workers
+        if n is None and self.topology.strip() in SIZED:
+            n = DEFAULT_WORKERS
+        topo = Topology.named(self.topology, n)
         return self.model_copy(update={"workers": topo.n}), topo
 
     def public(self) -> dict[str, Any]:

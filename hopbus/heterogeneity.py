@@ -80,6 +80,8 @@ def parse(spec: str) -> tuple[Part, ...]:
             ws = tuple(int(w) for w in m["w"].split(","))
             parts.append(FixedSlowdown(float(m["f"]), ws))
         elif m := _LINK.fullmatch(item):
+            if m["i"] == m["j"]:
+                raise _bad(spec, f"{item!r} joins worker {m['i']} to itself")
             parts.append(LinkDelay(float(m["ms"]) / 1000.0, int(m["i"]), int(m["j"])))
         elif item == "none":
             raise _bad(spec, "'none' cannot be combined with other parts")
@@ -110,6 +112,7 @@ class Heterogeneity:
     seed: int = 0
     _fixed: list[float] = field(init=False)
     _links: dict[tuple[int, int], float] = field(init=False)
+    _random: list[tuple[int, float, float]] = field(init=False)  # (part, factor, probability)
     _cache: dict[tuple[int, int], tuple[int, list[float]]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hopbus.cli import options as o
 from hopbus.cli import render
+from hopbus.errors import ConfigError
 
 app = typer.Typer(
     name="hopbus",
@@ -60,7 +61,6 @@ def topology_cmd(
     as_json: o.Json = False,
 ) -> None:
     """Show a communication graph: neighbours, W (eq. 1), spectral gap, Table 1 bounds."""
-    from hopbus.errors import ConfigError
     from hopbus.topology import Topology
     from hopbus.topology.report import topology_report
 
@@ -113,42 +113,24 @@ def sim_cmd(
     bounds, and what the update queues held. Exit status 3 if the run deadlocked or a bound
     was broken (either would be a bug in hopbus); 2 for bad input.
     """
+    given = o.run_flags(locals())
     from hopbus.sim import prepare, summarize
 
-    given = {
-        "workers": workers,
-        "topology": topology,
-        "mode": mode,
-        "backup": backup,
-        "staleness": staleness,
-        "max_ig": max_ig,
-        "skip_max": skip_max,
-        "skip_trigger": skip_trigger,
-        "iterations": iterations,
-        "slowdown": slowdown,
-        "seed": seed,
-        "approach": approach,
-        "compute_time": compute_time,
-        "latency": latency,
-        "jitter": jitter,
-    }
     cfg = o.resolve(config, given)
     o.warn_unused(cfg, given)
+    cfg, sim = prepare(cfg)  # every input checked before anything is written
     err = Console(stderr=True)
     with ExitStack() as stack:
-        on_progress = None
         if trace is not None:
             try:
                 out = stack.enter_context(trace.open("w"))
             except OSError as exc:
-                from hopbus.errors import ConfigError
-
                 raise ConfigError(f"cannot write --trace {str(trace)!r}: {exc.strerror}") from None
 
-            def on_progress(record: dict[str, Any], out=out) -> None:
+            def write_trace(record: dict[str, Any], out=out) -> None:
                 out.write(json.dumps(record) + "\n")
 
-        cfg, sim = prepare(cfg, on_progress)
+            sim.on_progress = write_trace
         progress_cb = None
         if err.is_terminal:
             bar = stack.enter_context(

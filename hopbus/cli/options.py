@@ -124,6 +124,12 @@ Json = Annotated[
 ]
 
 
+def run_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """The run flags among a command's parameters (call with ``locals()`` first thing), keyed
+    by RunConfig field, None where not given."""
+    return {k: v for k, v in params.items() if k in RunConfig.model_fields}
+
+
 def resolve(config_file: Path | None, given: dict[str, Any]) -> RunConfig:
     """Defaults < config file < environment/flags. ``given`` maps field names to flag values,
     None where the flag was not given."""

@@ -11,6 +11,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from hopbus.errors import ConfigError
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.policy import Policy
@@ -41,8 +43,8 @@ class ProtocolSettings:
         worker that is slow every iteration.
     skip_trigger: jump only when more than this many iterations behind the slowest out-neighbour.
     approach: parallel (Send overlaps Compute, Hop's choice) or serial (Sec. 3.2).
-    send_check: ask a receiver's iteration before sending and skip updates it can no longer use
-        (Sec. 6.2). Not a flag: turn it off through this API only to measure what it saves.
+    send_check: publish each worker's store floor and leave out updates a receiver would only
+        drop (Sec. 6.2). Not a flag: turn it off through this API only to measure what it saves.
     """
 
     mode: Mode = Mode.STANDARD
@@ -134,7 +136,7 @@ def _check_backup(backup: int | Sequence[int], topo: Topology) -> None:
             )
 
 
-def _warn_useless_skipping(s: ProtocolSettings, topo: Topology, bounds) -> None:
+def _warn_useless_skipping(s: ProtocolSettings, topo: Topology, bounds: np.ndarray) -> None:
     if not s.skipping:
         return
     # How far the slowest out-neighbour can ever be ahead of worker i (Table 1), capped by the

@@ -40,6 +40,7 @@ Loop = Generator[Effect, Any, None]
 
 
 def worker_loop(spec: WorkerSpec) -> Loop:
+    """Worker ``spec.worker``'s whole run, from Start to Finish."""
     s = spec.settings
     policy = spec.policy
     ins, outs = spec.in_peers, spec.out_peers

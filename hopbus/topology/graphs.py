@@ -222,6 +222,10 @@ def from_edge_file(path: str | Path) -> nx.DiGraph:
     return from_edge_lines(text.splitlines(), origin=str(p))
 
 
+#: The graphs built for any number of workers; every other name fixes the number itself.
+SIZED = {"ring": ring, "ring-based": ring_based, "double-ring": double_ring, "complete": complete}
+
+
 def _parse_sizes(spec: str) -> list[int]:
     try:
         sizes = [int(s) for s in spec.split(",") if s.strip()]
@@ -245,16 +249,10 @@ def build(name: str, n: int | None) -> nx.DiGraph:
         raise TopologyError("hierarchical needs machine sizes, e.g. --topology hierarchical:4,2,2")
     elif key.startswith("file:"):
         g = from_edge_file(key.split(":", 1)[1])
-    elif key in {"ring", "ring-based", "double-ring", "complete"}:
+    elif key in SIZED:
         if n is None:
             raise TopologyError(f"{key} needs a number of workers")
-        builder = {
-            "ring": ring,
-            "ring-based": ring_based,
-            "double-ring": double_ring,
-            "complete": complete,
-        }[key]
-        return builder(n)
+        return SIZED[key](n)
     elif Path(key).is_file():
         g = from_edge_file(key)
     else:

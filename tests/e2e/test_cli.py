@@ -143,6 +143,12 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
     assert "Traceback" not in p.stderr
 
 
+def test_bad_input_writes_nothing(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    p = hopbus("sim", "--mode", "backup", "--max-ig", "0", "--trace", str(trace))
+    assert p.returncode == 2 and not trace.exists()
+
+
 def test_a_graph_that_is_not_strongly_connected_is_refused(tmp_path):
     f = tmp_path / "oneway.txt"
     f.write_text("0 1\n1 2\n")

@@ -26,6 +26,7 @@ def test_parse_every_part():
         "fixed:0@1",
         "link:5@1",
         "link:5@1-",
+        "link:5@2-2",
         "slow:3",
         "none+random:6",
         "random:-1",
