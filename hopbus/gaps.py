@@ -5,8 +5,11 @@ live, and a real run's Redis progress stream gives the same total order. After e
 knows every Iter(i) - Iter(j) at that instant, and it records the largest gap between adjacent
 workers and between any two, plus every instant at which some pair exceeded its own bound.
 
-Only the worker that moved can have widened a gap (iterations never go back), so each change
-costs one vector comparison against that worker's row of bounds.
+Only the worker that moved can have widened a gap (iterations never go back), so while no pair
+is over its bound a change costs at most one vector comparison against the mover's row of
+bounds. Once some pair is over, the mover's row and column are rechecked on every change, so
+that ``violations`` counts every instant at which any pair is over, not only the instants at
+which a pair goes over.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class GapMonitor:
         self.max_any = 0
         self.violations = 0
         self.first_violation: Violation | None = None
+        self._over: np.ndarray | None = None  # over[i, j]: i is beyond its bound on j (lazy)
+        self._over_count = 0
 
     def enter(self, worker: int, iteration: int) -> None:
         """``worker`` is now in ``iteration`` (never lower than before)."""
@@ -73,15 +78,30 @@ class GapMonitor:
         self.max_any = max(self.max_any, lead)
         adj = max(iteration - it[j] for j in self._neighbours[worker])
         self.max_adjacent = max(self.max_adjacent, adj)
-        if lead > self._row_min[worker]:
-            over = (iteration - self._vec) > self._bounds[worker]
-            if over.any():
-                self.violations += 1
-                if self.first_violation is None:
-                    j = int(np.argmax(over))
-                    self.first_violation = Violation(
-                        worker, j, int(iteration - it[j]), int(self._bounds[worker, j])
-                    )
+        if self._over_count or lead > self._row_min[worker]:
+            self._recheck(worker, iteration)
+        if self._over_count:
+            self.violations += 1
+
+    def _recheck(self, worker: int, iteration: int) -> None:
+        """Which pairs with ``worker`` are over their bound now, in either direction."""
+        row = (iteration - self._vec) > self._bounds[worker]  # worker too far ahead of j
+        if self._over is None:
+            if not row.any():
+                return
+            self._over = np.zeros(self._bounds.shape, dtype=bool)
+        col = (self._vec - iteration) > self._bounds[:, worker]  # j too far ahead of worker
+        over = self._over
+        self._over_count += (
+            int(row.sum()) - int(over[worker].sum()) + int(col.sum()) - int(over[:, worker].sum())
+        )
+        over[worker] = row
+        over[:, worker] = col
+        if self.first_violation is None and row.any():
+            j = int(np.argmax(row))
+            self.first_violation = Violation(
+                worker, j, int(iteration - self._it[j]), int(self._bounds[worker, j])
+            )
 
     def iteration_of(self, worker: int) -> int:
         return self._it[worker]

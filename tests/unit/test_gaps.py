@@ -1,6 +1,8 @@
 """The gap monitor replays iteration changes and checks every pair against Table 1."""
 
 from helpers import topology_of
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopbus.gaps import GapMonitor
 from hopbus.modes import Mode
@@ -35,3 +37,34 @@ def test_min_iteration_tracking_survives_jumps():
     m.enter(2, 30)
     assert m.max_any == 22 and m.max_adjacent == 22
     assert m.violations == 1  # 22 > max_ig x path = 10 for the neighbours 2 and 1
+
+
+@given(
+    st.integers(2, 7).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, 4)), max_size=60),
+            st.sampled_from(list(Mode)),
+            st.integers(0, 3),
+        )
+    )
+)
+def test_monitor_agrees_with_brute_force(case):
+    """Incremental bookkeeping (running minimum, per-row fast path) against recomputing every
+    pair after every change."""
+    n, moves, mode, max_ig = case
+    topo = topology_of([(i, (i + 1) % n) for i in range(n)] + [(0, n - 1)])
+    setting = GapSetting(mode, staleness=1, max_ig=max_ig)
+    bounds = topo.bounds(setting)
+    adjacent = {(a, b) for a, b in topo.graph.edges if a != b}
+    adjacent |= {(b, a) for a, b in adjacent}
+    m = GapMonitor(topo, setting)
+    it = [0] * n
+    max_adj = max_any = violations = 0
+    for w, step in moves:
+        it[w] += step
+        m.enter(w, it[w])
+        max_any = max(max_any, max(it) - min(it))
+        max_adj = max(max_adj, *(it[a] - it[b] for a, b in adjacent))
+        violations += any(it[a] - it[b] > bounds[a, b] for a in range(n) for b in range(n))
+    assert (m.max_any, m.max_adjacent, m.violations) == (max_any, max_adj, violations)

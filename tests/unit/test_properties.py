@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 import pytest
 from helpers import Schedule, topology_of
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from hopbus.heterogeneity import Heterogeneity
@@ -171,6 +171,7 @@ def checked_loop(spec: WorkerSpec) -> Loop:
             assert min(weights) >= 0 and sum(weights) == pytest.approx(1.0)
 
 
+@settings(max_examples=400)
 @given(scenarios())
 def test_every_run_finishes_within_every_bound(sc):
     sim = sc.simulation(loop=checked_loop, audit=True)
