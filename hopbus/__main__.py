@@ -1,3 +1,3 @@
-from hopbus.cli.main import main
+from hopbus.cli.entry import main
 
 main()

@@ -8,6 +8,7 @@ takes a RunConfig, so a setting means the same everywhere and is checked in one 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,11 @@ from hopbus.modes import Approach, Mode
 from hopbus.protocol.spec import ProtocolSettings
 from hopbus.topology import Topology
 from hopbus.topology.graphs import SIZED
+from hopbus.userfiles import read_text
 
 DEFAULT_WORKERS = 16
+MAX_ITERATIONS = 100_000_000  # iteration counters are 32-bit in the gap monitor
+MAX_SECONDS = 1e6  # a simulated Compute or message of more than 11 days is a typo
 
 
 class RunConfig(BaseModel):
@@ -29,9 +33,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int | None = Field(
+    workers: int | None = Field(  # checked by the graph builders: at least 2, at most MAX_WORKERS
         None,
-        ge=2,
         description=f"Number of workers (default {DEFAULT_WORKERS}, or as many as the topology "
         "names for hierarchical:... and file:...).",
     )
@@ -46,20 +49,38 @@ class RunConfig(BaseModel):
     max_ig: int = Field(5, ge=0, description="Token queue bound max_ig; 0 = no token queues.")
     skip_max: int = Field(0, ge=0, description="Most iterations per jump; 0 = never jump.")
     skip_trigger: int = Field(1, ge=0, description="Jump only when more than this far behind.")
-    iterations: int = Field(100, ge=1, description="Iterations per worker.")
+    iterations: int = Field(100, ge=1, le=MAX_ITERATIONS, description="Iterations per worker.")
     slowdown: str = Field("none", description="Heterogeneity: " + heterogeneity.GRAMMAR)
     seed: int = Field(0, ge=0, description="Seed of every random draw.")
     approach: Approach = Field(Approach.PARALLEL, description="Where Send sits in an iteration.")
-    compute_time: float = Field(1.0, gt=0, description="Simulated seconds of one normal Compute.")
-    latency: float = Field(0.05, ge=0, description="Simulated seconds a message takes.")
-    jitter: float = Field(0.0, ge=0, description="Each message takes up to (1 + jitter) x latency.")
+    compute_time: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="Simulated seconds of one normal Compute.",
+    )
+    latency: float = Field(
+        0.05,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="Simulated seconds a message takes.",
+    )
+    jitter: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Each message takes up to (1 + jitter) x latency.",
+    )
 
     @field_validator("backup", mode="before")
     @classmethod
     def _backup_list(cls, v: Any) -> Any:
         if isinstance(v, str):
-            items = [x for x in v.split(",") if x.strip()]
-            if not items or not all(x.strip().lstrip("-").isdigit() for x in items):
+            items = [x.strip() for x in v.split(",")]
+            if not all(re.fullmatch(r"-?[0-9]+", x) for x in items):
                 raise ValueError("expected an integer or a comma-separated list of integers")
             values = tuple(int(x) for x in items)
             return values[0] if len(values) == 1 else values
@@ -80,15 +101,20 @@ class RunConfig(BaseModel):
 
     def build_topology(self) -> tuple[RunConfig, Topology]:
         """Build the graph and return the config with ``workers`` filled in from it."""
-        n = self.workers
-        if n is None and self.topology.strip() in SIZED:
-            n = DEFAULT_WORKERS
-        topo = Topology.named(self.topology, n)
+        topo = topology_for(self.topology, self.workers)
         return self.model_copy(update={"workers": topo.n}), topo
 
     def public(self) -> dict[str, Any]:
         """Every setting, JSON-ready (enums as their strings)."""
         return self.model_dump(mode="json")
+
+
+def topology_for(name: str, workers: int | None) -> Topology:
+    """The graph ``--topology name`` names; ``workers`` None means the default for graphs built
+    for any size, and the graph's own size for hierarchical:... and files."""
+    if workers is None and name.strip() in SIZED:
+        workers = DEFAULT_WORKERS
+    return Topology.named(name, workers)
 
 
 def _flag(field: str) -> str:
@@ -120,11 +146,9 @@ def make_config(values: dict[str, Any], from_file: dict[str, str] | None = None)
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file, keys as field names (``max_ig``) or flag names (``max-ig``)."""
-    p = Path(path)
+    text = read_text(path, "config file", ConfigError)
     try:
-        data = tomllib.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     return {k.replace("-", "_"): v for k, v in data.items()}

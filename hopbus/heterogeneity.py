@@ -6,7 +6,11 @@ Grammar (parts joined by ``+``)::
     random:F[:P]              each worker, each iteration, is F times slower with probability P
                               (default 1/n: the paper's random slowdown, Sec. 7.3.1)
     fixed:F@W[,W...]          the listed workers are F times slower every iteration (Sec. 7.3.5)
-    link:MS@I-J               messages between workers I and J take MS milliseconds longer
+    link:MS@I-J               messages between workers I and J take MS milliseconds longer, both
+                              ways (on top of the simulator's --latency, which is in seconds)
+
+A factor below 1 makes a worker faster (fixed:0.5@3: worker 3 computes in half the time).
+Factors of parts that apply to the same worker multiply.
 
 e.g. ``random:6`` or ``fixed:4@0`` or ``random:6:0.1+link:50@0-1``.
 
@@ -28,10 +32,12 @@ from hopbus.errors import SlowdownSpecError
 
 _BLOCK = 1024  # random draws are made this many iterations at a time, per worker
 
-_NUM = r"(\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUM = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"  # ASCII digits only
 _RANDOM = re.compile(rf"random:(?P<f>{_NUM})(?::(?P<p>{_NUM}))?")
-_FIXED = re.compile(rf"fixed:(?P<f>{_NUM})@(?P<w>\d+(?:,\d+)*)")
-_LINK = re.compile(rf"link:(?P<ms>{_NUM})@(?P<i>\d+)-(?P<j>\d+)")
+_FIXED = re.compile(rf"fixed:(?P<f>{_NUM})@(?P<w>[0-9]+(?:,[0-9]+)*)")
+_LINK = re.compile(rf"link:(?P<ms>{_NUM})@(?P<i>[0-9]+)-(?P<j>[0-9]+)")
+MAX_FACTOR = 1e6  # a worker a million times slower is as good as stopped
+MAX_LINK_MS = 1e9
 
 GRAMMAR = "none | random:F[:P] | fixed:F@W[,W...] | link:MS@I-J, joined by '+'"
 
@@ -71,25 +77,34 @@ def parse(spec: str) -> tuple[Part, ...]:
     for raw in text.split("+"):
         item = raw.strip()
         if m := _RANDOM.fullmatch(item):
-            f = float(m["f"])
             p = None if m["p"] is None else float(m["p"])
             if p is not None and not 0 <= p <= 1:
                 raise _bad(spec, f"probability {m['p']} is not between 0 and 1")
-            parts.append(RandomSlowdown(f, p))
+            parts.append(RandomSlowdown(_factor(spec, m["f"]), p))
         elif m := _FIXED.fullmatch(item):
             ws = tuple(int(w) for w in m["w"].split(","))
-            parts.append(FixedSlowdown(float(m["f"]), ws))
+            if len(set(ws)) != len(ws):
+                raise _bad(spec, f"{item!r} lists a worker twice")
+            parts.append(FixedSlowdown(_factor(spec, m["f"]), ws))
         elif m := _LINK.fullmatch(item):
             if m["i"] == m["j"]:
                 raise _bad(spec, f"{item!r} joins worker {m['i']} to itself")
-            parts.append(LinkDelay(float(m["ms"]) / 1000.0, int(m["i"]), int(m["j"])))
+            ms = float(m["ms"])
+            if ms > MAX_LINK_MS:
+                raise _bad(spec, f"{m['ms']} ms is more than {MAX_LINK_MS:g} ms")
+            parts.append(LinkDelay(ms / 1000.0, int(m["i"]), int(m["j"])))
         elif item == "none":
             raise _bad(spec, "'none' cannot be combined with other parts")
         else:
             raise _bad(spec, f"cannot read {item!r}")
-        if isinstance(parts[-1], RandomSlowdown | FixedSlowdown) and not parts[-1].factor > 0:
-            raise _bad(spec, "a slowdown factor must be greater than 0")
     return tuple(parts)
+
+
+def _factor(spec: str, text: str) -> float:
+    f = float(text)
+    if not 0 < f <= MAX_FACTOR:
+        raise _bad(spec, f"a slowdown factor must be above 0 and at most {MAX_FACTOR:g}")
+    return f
 
 
 class SlowdownModel(Protocol):

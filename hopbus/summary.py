@@ -5,16 +5,20 @@ since its previous move divided by how many iterations it moved (a jump of J cou
 
 * ``iter_time_s.per_worker[i]``: worker i's elapsed time / iterations it advanced;
 * ``iter_time_s.mean``: the mean of ``per_worker``;
-* ``iter_time_s.p50``: the median step time over every step of every worker.
+* ``iter_time_s.p50``: the median step time over every step of every worker (over a uniform
+  sample of ``P50_SAMPLE`` steps when there are more, so memory does not grow with the run).
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from array import array
 from typing import Any
 
 from hopbus.gaps import GapMonitor
+
+P50_SAMPLE = 1_000_000
 
 
 class RunStats:
@@ -25,13 +29,22 @@ class RunStats:
         self.start = start
         self.iterations = [0] * n
         self.last_change = [start] * n
-        self.steps = array("d")
+        self.steps = array("d")  # step times, or a uniform sample of them (reservoir)
+        self._steps_seen = 0
+        self._sampler = random.Random(0)
         self.jumps = 0
         self.skipped = 0  # iterations passed over by jumps
 
     def enter(self, worker: int, iteration: int, t: float) -> None:
         moved = iteration - self.iterations[worker]
-        self.steps.append((t - self.last_change[worker]) / moved)
+        step = (t - self.last_change[worker]) / moved
+        self._steps_seen += 1
+        if len(self.steps) < P50_SAMPLE:
+            self.steps.append(step)
+        else:
+            slot = self._sampler.randrange(self._steps_seen)
+            if slot < P50_SAMPLE:
+                self.steps[slot] = step
         if moved > 1:
             self.jumps += 1
             self.skipped += moved - 1

@@ -27,8 +27,27 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from hopbus import __version__
+
+        print(f"hopbus {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Heterogeneity-aware decentralized training (Hop, ASPLOS'19): simulate it, inspect
+    communication graphs, and (soon) train on a real cluster."""
+
+
 def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(json.dumps(obj, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
@@ -37,41 +56,34 @@ def topology_cmd(
     name: Annotated[
         str,
         typer.Argument(
-            help="ring, ring-based, double-ring, complete, hierarchical:4,2,2 or file:PATH "
-            "(edge list, 'src dst [weight]' per line).",
+            help="ring, ring-based, double-ring, complete, hierarchical:4,2,2 (machine sizes) or "
+            "file:PATH. An edge file has one 'src dst' per line (workers 0..n-1, # comments); "
+            "with weights, 'src dst weight' on every edge and a 'v v weight' self-loop for every "
+            "worker, each worker's incoming weights summing to 1.",
             show_default=False,
         ),
     ],
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            "--workers",
-            "-n",
-            help="Number of workers (not needed for hierarchical:... and file:...).",
-            show_default=False,
-        ),
-    ] = None,
+    workers: o.Workers = None,
     staleness: Annotated[
         int, typer.Option("--staleness", "-s", help="Staleness bound s used in the Table 1 rows.")
     ] = 5,
     max_ig: Annotated[
         int,
-        typer.Option("--max-ig", help="Token queue bound used in the Table 1 rows with tokens."),
+        typer.Option(
+            "--max-ig", help="Token queue bound of the Table 1 rows with tokens (0: none)."
+        ),
     ] = 5,
     as_json: o.Json = False,
 ) -> None:
     """Show a communication graph: neighbours, W (eq. 1), spectral gap, Table 1 bounds."""
-    from hopbus.topology import Topology
+    from hopbus.config import topology_for
     from hopbus.topology.report import topology_report
 
     if staleness < 0:
         raise ConfigError(f"--staleness must be 0 or more (got {staleness})")
-    if max_ig < 1:
-        raise ConfigError(f"--max-ig must be 1 or more here (got {max_ig})")
-    if workers is not None and workers < 2:
-        raise ConfigError(f"--workers must be at least 2 (got {workers})")
-    topo = Topology.named(name, workers)
-    rep = topology_report(topo, staleness, max_ig)
+    if max_ig < 0:
+        raise ConfigError(f"--max-ig must be 0 or more (got {max_ig})")
+    rep = topology_report(topology_for(name, workers), staleness, max_ig)
     if as_json:
         _emit_json(rep)
     else:
@@ -122,6 +134,11 @@ def sim_cmd(
     err = Console(stderr=True)
     with ExitStack() as stack:
         if trace is not None:
+            if str(trace) == "-":
+                raise ConfigError(
+                    "--trace needs a file path ('-' for standard output is not "
+                    "supported: the summary goes there)"
+                )
             try:
                 out = stack.enter_context(trace.open("w"))
             except OSError as exc:

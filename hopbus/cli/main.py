@@ -1,12 +1,15 @@
-"""The ``hopbus`` entry point: runs the typer app and turns every user error into one line.
+"""Runs the typer app and turns every user error into one line.
 
 Bad input of any kind (an unknown flag, a value of the wrong type, a setting the protocol
 cannot honour, an unreadable file) prints ``hopbus: error: <what and why>`` on stderr and exits
-with status 2; warnings print ``hopbus: warning: ...``. Tracebacks are for bugs only.
+with status 2; warnings print ``hopbus: warning: ...``. Output that cannot be written (a full
+disk, a closed pipe) and Ctrl-C end with one line too. Tracebacks are for bugs only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -15,6 +18,8 @@ import typer
 
 from hopbus.cli.commands import app
 from hopbus.errors import UserError
+
+INTERRUPTED = 130
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -27,6 +32,21 @@ def _usage_error(exc: BaseException) -> bool:
     return isinstance(getattr(exc, "exit_code", None), int) and hasattr(exc, "format_message")
 
 
+def _silence_stdout() -> None:
+    """After stdout failed, point it at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(message: str, code: int) -> None:
+    with contextlib.suppress(OSError):
+        print(f"hopbus: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     warnings.showwarning = _show_warning
     command = typer.main.get_command(app)
@@ -34,15 +54,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = command.main(
             args=list(argv) if argv is not None else None, prog_name="hopbus", standalone_mode=False
         )
+        sys.stdout.flush()
     except UserError as exc:
-        print(f"hopbus: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        print("hopbus: interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = INTERRUPTED
     except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (e.g. `| head`); nothing left to say
+        _silence_stdout()  # the reader went away (e.g. `| head`): nothing left to say
         sys.exit(1)
+    except OSError as exc:  # every file hopbus reads is checked first: this is output failing
+        _silence_stdout()
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"cannot write output{where}: {exc.strerror or exc}", 1)
     except Exception as exc:
         if not _usage_error(exc):
             raise
@@ -50,4 +73,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code
+        print("hopbus: interrupted", file=sys.stderr)
     sys.exit(code if isinstance(code, int) else 0)

@@ -91,7 +91,11 @@ Slowdown = Annotated[
     str | None,
     _opt(
         "slowdown",
-        extra=("e.g. random:6 (6x slower with probability 1/n), fixed:4@0, link:50@0-1."),
+        extra=(
+            "e.g. random:6 (each worker 6x slower with probability 1/n per iteration), "
+            "fixed:4@0 (worker 0 4x slower always; below 1 is faster), link:50@0-1 (50 extra "
+            "milliseconds per message between workers 0 and 1)."
+        ),
     ),
 ]
 Seed = Annotated[int | None, _opt("seed")]

@@ -1,4 +1,8 @@
-"""Human-readable views of reports and summaries (rich). JSON output never goes through here."""
+"""Human-readable views of reports and summaries (rich). JSON output never goes through here.
+
+Summaries are plain aligned lines, printed without wrapping, so piping them into a file or a
+pager gives the same text a terminal shows.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from rich.table import Table
 
 INF = "∞"
 
-#: Show the W matrix and every worker's neighbours only for graphs this small.
-MATRIX_LIMIT = 12
+#: Show the W matrix only for graphs this small, every worker's neighbours only up to this many.
+MATRIX_LIMIT = 10
 NEIGHBOUR_LIMIT = 32
 
 
@@ -18,16 +22,21 @@ def _bound(v: float | None) -> str:
     return INF if v is None else str(v)
 
 
+def _line(console: Console, text: str) -> None:
+    console.print(text, soft_wrap=True, highlight=False)
+
+
 def topology(console: Console, rep: dict[str, Any]) -> None:
     n = rep["workers"]
-    console.print(
-        f"[bold]{rep['name']}[/]: {n} workers, {rep['edges']} directed edges (self-loops not "
-        f"counted), diameter {rep['diameter']}"
+    _line(
+        console,
+        f"[bold]{rep['name']}[/]: {n} workers, {rep['edges']} directed edges "
+        f"(self-loops not counted), diameter {rep['diameter']}",
     )
     ds = "yes" if rep["doubly_stochastic"] else "[yellow]no[/] (rows of W do not sum to 1)"
-    console.print(
-        f"spectral gap |λ1|-|λ2| of W: {rep['spectral_gap']:.4f}; doubly stochastic: {ds}"
-    )
+    gap = rep["spectral_gap"]
+    gap_text = "not computed for this many workers" if gap is None else f"{gap:.4f}"
+    _line(console, f"spectral gap |λ1|-|λ2| of W: {gap_text}; doubly stochastic: {ds}")
 
     nb = Table(title="Neighbours (self-loop not shown)", title_justify="left")
     nb.add_column("worker", justify="right")
@@ -43,6 +52,9 @@ def topology(console: Console, rep: dict[str, Any]) -> None:
     console.print(nb)
 
     if n <= MATRIX_LIMIT:
+        w = [[0.0] * n for _ in range(n)]
+        for i, j, x in rep["W"]:
+            w[i][j] = x
         wt = Table(
             title="W (row i, column j: share of i's parameters in j's average)",
             title_justify="left",
@@ -50,8 +62,8 @@ def topology(console: Console, rep: dict[str, Any]) -> None:
         wt.add_column("")
         for j in range(n):
             wt.add_column(str(j), justify="right")
-        for i, row in enumerate(rep["W"]):
-            wt.add_row(str(i), *(f"{x:.3f}" if x else "·" for x in row))
+        for i, row in enumerate(w):
+            wt.add_row(str(i), *(f"{x:.2f}" if x else "·" for x in row))
         console.print(wt)
 
     bt = Table(title="Table 1: upper bounds on Iter(i) - Iter(j)", title_justify="left")
@@ -86,50 +98,62 @@ def summary(console: Console, s: dict[str, Any]) -> None:
     cfg = s["config"]
     it = s["iter_time_s"]
     unit = "virtual s" if s["virtual"] else "s"
-    console.print(
+    _line(
+        console,
         f"[bold]{s['workers']} workers[/], {cfg['topology']}, {_describe_mode(cfg)}, "
-        f"slowdown {cfg['slowdown']}, {cfg['iterations']} iterations"
+        f"slowdown {cfg['slowdown']}, {cfg['iterations']} iterations",
     )
-    t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column(style="dim")
-    t.add_column()
+    rows: list[tuple[str, str]] = []
     status = (
         "finished"
         if s["finished"]
         else ("[red]DEADLOCKED[/]" if s.get("deadlocked") else "[yellow]stopped early[/]")
     )
-    t.add_row(
-        "status",
-        f"{status} after {s['wall_s']:.2f} {unit}"
-        + (f" (simulated in {s['runtime_s']:.2f} s)" if s["virtual"] else ""),
+    rows.append(
+        (
+            "status",
+            f"{status} after {s['wall_s']:.2f} {unit}"
+            + (f" (simulated in {s['runtime_s']:.2f} s)" if s["virtual"] else ""),
+        )
     )
     per = [p for p in it["per_worker"] if p is not None]
     if it["mean"] is not None:
-        t.add_row(
-            "iteration time",
-            f"mean {it['mean']:.3f} {unit}, p50 {it['p50']:.3f}, "
-            f"slowest worker {max(per):.3f}, fastest {min(per):.3f}",
+        rows.append(
+            (
+                "iteration time",
+                f"mean {it['mean']:.3f} {unit}, p50 {it['p50']:.3f}, "
+                f"slowest worker {max(per):.3f}, fastest {min(per):.3f}",
+            )
         )
-    t.add_row("iterations", f"min {s['iterations']['min']}, max {s['iterations']['max']}")
+    rows.append(("iterations", f"min {s['iterations']['min']}, max {s['iterations']['max']}"))
     g, b = s["max_gap"], s["gap_bound"]
     viol = s["violations"]
     vtext = "[green]0[/]" if viol == 0 else f"[red]{viol}[/]"
-    t.add_row(
-        "iteration gap",
-        f"adjacent {g['adjacent']} (Table 1 bound {_bound(b['adjacent'])}), "
-        f"any pair {g['any_pair']} (bound {_bound(b['any_pair'])}); violations {vtext}",
+    rows.append(
+        (
+            "iteration gap",
+            f"adjacent {g['adjacent']} (Table 1 bound "
+            f"{_bound(b['adjacent'])}), any pair {g['any_pair']} (bound "
+            f"{_bound(b['any_pair'])}); violations {vtext}",
+        )
     )
     qb = s.get("update_queue_bound")
-    t.add_row(
-        "update queue",
-        f"largest {s['max_update_queue']} updates held"
-        + (f" (bound {qb})" if qb is not None else ""),
+    rows.append(
+        (
+            "update queue",
+            f"largest {s['max_update_queue']} updates held"
+            + (f" (bound {qb})" if qb is not None else ""),
+        )
     )
-    t.add_row(
-        "traffic",
-        f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the receiver "
-        f"was done with them), {s['stale_dropped']} dropped as stale",
+    rows.append(
+        (
+            "traffic",
+            f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
+            f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+        )
     )
     if cfg["skip_max"] >= 2:
-        t.add_row("jumps", f"{s['jumps']} jumps over {s['skipped_iterations']} iterations")
-    console.print(t)
+        rows.append(("jumps", f"{s['jumps']} jumps, skipping {s['skipped_iterations']} iterations"))
+    width = max(len(k) for k, _ in rows)
+    for key, text in rows:
+        _line(console, f"[dim]{key.ljust(width)}[/]  {text}")

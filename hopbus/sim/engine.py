@@ -61,6 +61,7 @@ class _Worker:
         "finish_t",
         "gen",
         "i",
+        "pending_on",
         "since",
         "spec",
         "wait_s",
@@ -72,7 +73,8 @@ class _Worker:
         self.gen = loop(spec)
         self.box: Mailbox = spec.new_mailbox()
         self.blocked: Requirement | Advance | None = None
-        self.blocked_on: tuple[int, ...] = ()
+        self.blocked_on: tuple[int, ...] = ()  # whom it last waited for, in this iteration
+        self.pending_on: tuple[int, ...] = ()  # whom it waits for now
         self.since = 0.0
         self.wait_s = 0.0  # waited during the current iteration
         self.compute_s = 0.0  # computed during the current iteration
@@ -238,7 +240,7 @@ class Simulation:
         w.blocked = what
         w.since = self.now
         if self.on_progress is not None:
-            w.blocked_on = self._waiting_on(w)
+            w.pending_on = self._waiting_on(w)
 
     def _waiting_on(self, w: _Worker) -> tuple[int, ...]:
         what = w.blocked
@@ -250,7 +252,9 @@ class Simulation:
 
     def _unpark(self, w: _Worker) -> None:
         w.blocked = None
-        w.wait_s += self.now - w.since
+        if self.now > w.since:  # a wait that ended the instant it began blamed nobody
+            w.wait_s += self.now - w.since
+            w.blocked_on = w.pending_on
 
     def _put_tokens(self, owner: int, takers: tuple[int, ...], count: int) -> None:
         """Put ``count`` tokens into TokenQ(owner->j) for each j; wake those waiting for them."""

@@ -106,8 +106,9 @@ def token_queue_capacity(max_ig: int, path_i_to_j: int) -> int:
 def report_settings(staleness: int, max_ig: int) -> list[GapSetting]:
     """Every row of Table 1, as the ``hopbus topology`` report lists them."""
     rows = [GapSetting(m, staleness=staleness) for m in Mode]
-    rows += [
-        GapSetting(m, staleness=staleness, max_ig=max_ig)
-        for m in (Mode.STANDARD, Mode.STALENESS, Mode.BACKUP, Mode.HYBRID)
-    ]
+    if max_ig > 0:
+        rows += [
+            GapSetting(m, staleness=staleness, max_ig=max_ig)
+            for m in (Mode.STANDARD, Mode.STALENESS, Mode.BACKUP, Mode.HYBRID)
+        ]
     return rows

@@ -9,9 +9,9 @@ from hopbus.topology.core import Topology
 
 
 def topology_report(topo: Topology, staleness: int, max_ig: int) -> dict[str, Any]:
-    """Neighbours, W (dense, ``W[i][j]`` = share of i in j's average), spectral gap, distances
-    summary and the Table 1 bounds of every setting (None where the paper says infinity)."""
-    w = topo.weights
+    """Neighbours, W (its non-zero entries ``[i, j, W_ij]``: the share of i in j's average),
+    spectral gap (None for very large graphs), diameter and the Table 1 bounds of every setting
+    (None where the paper says infinity; rows with tokens only if ``max_ig`` >= 1)."""
     return {
         "name": topo.name,
         "workers": topo.n,
@@ -20,7 +20,7 @@ def topology_report(topo: Topology, staleness: int, max_ig: int) -> dict[str, An
             {"worker": i, "in": list(topo.in_peers[i]), "out": list(topo.out_peers[i])}
             for i in range(topo.n)
         ],
-        "W": [[round(float(x), 12) for x in row] for row in w],
+        "W": [[i, j, round(float(topo.weight(i, j)), 12)] for i, j in sorted(topo.graph.edges)],
         "doubly_stochastic": topo.doubly_stochastic,
         "spectral_gap": topo.spectral_gap,
         "diameter": topo.diameter,

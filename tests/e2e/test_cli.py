@@ -43,7 +43,9 @@ def test_topology_json_reports_neighbours_w_gap_and_bounds():
     rep = json.loads(p.stdout)
     assert rep["workers"] == 8 and rep["edges"] == 24
     assert rep["neighbours"][0] == {"worker": 0, "in": [1, 4, 7], "out": [1, 4, 7]}
-    assert rep["W"][0][0] == 0.25 and sum(rep["W"][0]) == pytest.approx(1)
+    w = {(i, j): x for i, j, x in rep["W"]}
+    assert len(w) == 8 + 24 and w[0, 0] == 0.25 and w[4, 0] == 0.25
+    assert sum(x for (i, _), x in w.items() if i == 0) == pytest.approx(1)
     assert rep["spectral_gap"] == pytest.approx(0.5) and rep["doubly_stochastic"]
     rows = {b["setting"]: b for b in rep["bounds"]}
     assert rows["standard"]["any_pair"] == 2
@@ -89,12 +91,17 @@ def test_sim_human_summary():
 
 def test_sim_trace_is_the_progress_stream(tmp_path):
     trace = tmp_path / "trace.jsonl"
-    p = hopbus("sim", "-n", "4", "-k", "5", "--trace", str(trace), "--json")
+    p = hopbus(
+        "sim", "-n", "8", "-k", "20", "--slowdown", "random:6:0.2", "--trace", str(trace), "--json"
+    )
     assert p.returncode == 0
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert len(rows) == 4 * 5
+    assert len(rows) == 8 * 20
     assert {"t", "worker", "iter", "compute_s", "wait_s", "blocked_on"} <= rows[0].keys()
-    assert sorted(r["iter"] for r in rows if r["worker"] == 2) == [1, 2, 3, 4, 5]
+    assert sorted(r["iter"] for r in rows if r["worker"] == 2) == list(range(1, 21))
+    waited = [r for r in rows if r["wait_s"] > 0]
+    assert waited and all(r["blocked_on"] for r in waited)  # a real wait names whom for
+    assert all(not r["blocked_on"] for r in rows if r["wait_s"] == 0)
 
 
 def test_config_file_env_and_flags_layer(tmp_path):
@@ -116,7 +123,8 @@ def test_config_file_env_and_flags_layer(tmp_path):
     ("args", "words"),
     [
         (["sim", "--topology", "nope"], "unknown topology 'nope'"),
-        (["sim", "--workers", "1"], "--workers"),
+        (["sim", "--workers", "1"], "ring-based needs at least 2 workers (got 1)"),
+        (["sim", "--workers", "99999999999999999999"], "more than hopbus handles (5000)"),
         (["sim", "--mode", "backup", "--backup", "3"], "must be smaller than worker 0's in-degree"),
         (["sim", "--mode", "staleness", "--staleness", "-1"], "--staleness"),
         (["sim", "--mode", "backup", "--max-ig", "0"], "needs token queues"),
@@ -130,8 +138,19 @@ def test_config_file_env_and_flags_layer(tmp_path):
         (["sim", "--config", "/nonexistent/run.toml"], "cannot read config file"),
         (["sim", "--topology", "file:/nonexistent/edges.txt"], "cannot read topology file"),
         (["sim", "--trace", "/nonexistent/dir/t.jsonl"], "cannot write --trace"),
-        (["topology", "ring", "-n", "1"], "--workers must be at least 2"),
-        (["topology", "ring"], "needs a number of workers"),
+        (["sim", "--trace", "-"], "--trace needs a file path"),
+        (["sim", "--compute-time", "inf"], "--compute-time"),
+        (["sim", "--latency", "nan"], "--latency"),
+        (["sim", "--slowdown", "fixed:4@0,0"], "lists a worker twice"),
+        (["sim", "--slowdown", "random:1e308"], "at most 1e+06"),
+        (["sim", "--slowdown", "random:\u0661"], "bad --slowdown"),
+        (["sim", "--backup", "1,,1", "--mode", "backup"], "--backup: expected an integer"),
+        (["sim", "--topology", "hierarchical:4,,2"], "hierarchical sizes must be integers"),
+        (["sim", "--topology", "file:"], "no path given"),
+        (["sim", "--topology", "file:/dev/zero"], "is not a regular file"),
+        (["sim", "--config", "/"], "is a directory"),
+        (["topology", "ring", "-n", "1"], "ring needs at least 2 workers (got 1)"),
+        (["topology", "complete", "-n", "6000"], "more than hopbus handles"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words):
@@ -171,3 +190,41 @@ def test_help_works_everywhere():
         p = hopbus(*args)
         assert p.returncode == 0 and "Usage" in p.stdout
     assert "[default: 5]" in hopbus("sim", "--help", env={"COLUMNS": "200"}).stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe0 1\n", "not UTF-8 text"),
+        (b"0 999999999\n999999999 0\n", "more than hopbus handles"),
+        (b"0 1 x\n1 0 0.5\n", "weight must be a number"),
+        (b"0 1\n1 zero\n", "worker ids must be integers"),
+    ],
+)
+def test_bad_topology_files_are_one_line(tmp_path, content, words):
+    f = tmp_path / "graph.txt"
+    f.write_bytes(content)
+    for args in (["topology", f"file:{f}"], ["sim", "--topology", f"file:{f}"]):
+        p = hopbus(*args)
+        assert p.returncode == 2 and "Traceback" not in p.stderr
+        assert p.stderr.count("\n") == 1 and words in p.stderr, p.stderr
+
+
+def test_output_that_cannot_be_written_is_one_line(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(
+            [sys.executable, "-m", "hopbus", "sim", "-k", "3", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert p.returncode == 1
+    assert p.stderr == "hopbus: error: cannot write output: No space left on device\n"
+
+
+def test_version():
+    p = hopbus("--version")
+    assert p.returncode == 0 and p.stdout.startswith("hopbus ")

@@ -20,7 +20,6 @@ def test_defaults_and_topology_fills_in_workers():
 @pytest.mark.parametrize(
     ("values", "match"),
     [
-        ({"workers": 1}, "--workers: input should be greater than or equal to 2"),
         ({"staleness": -1}, "--staleness"),
         ({"mode": "fast"}, "--mode"),
         ({"backup": "1,x"}, "--backup: expected an integer"),
