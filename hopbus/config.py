@@ -117,7 +117,8 @@ def topology_for(name: str, workers: int | None) -> Topology:
     return Topology.named(name, workers)
 
 
-def _flag(field: str) -> str:
+def flag_of(field: str) -> str:
+    """The command-line flag of a RunConfig field: ``max_ig`` -> ``--max-ig``."""
     return "--" + field.replace("_", "-")
 
 
@@ -131,7 +132,7 @@ def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     msg = msg[0].lower() + msg[1:]
-    name = f"{where}: {field}" if where else _flag(field)
+    name = f"{where}: {field}" if where else flag_of(field)
     return ConfigError(f"{name}: {msg} (got {err.get('input')!r})")
 
 

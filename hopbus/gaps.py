@@ -62,18 +62,16 @@ class GapMonitor:
         old = it[worker]
         it[worker] = iteration
         self._vec[worker] = iteration
-        count = self._count
+        count = self._count  # only iterations someone is in
         count[old] -= 1
-        count[iteration] = count.get(iteration, 0) + 1
-        if old == self._min and count[old] == 0:
+        if not count[old]:
             del count[old]
+        count[iteration] = count.get(iteration, 0) + 1
+        if old == self._min and old not in count:  # the last one left the slowest iteration
             m = old + 1
-            while count.get(m, 0) == 0:
-                count.pop(m, None)
+            while m not in count:
                 m += 1
             self._min = m
-        elif count[old] == 0:
-            del count[old]
         lead = iteration - self._min
         self.max_any = max(self.max_any, lead)
         adj = max(iteration - it[j] for j in self._neighbours[worker])

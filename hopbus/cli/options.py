@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hopbus.config import RunConfig, load_toml, make_config
+from hopbus.config import RunConfig, flag_of, load_toml, make_config
 from hopbus.modes import Approach, Mode
 from hopbus.topology import NAMES
 
@@ -29,9 +29,8 @@ def _help(field: str, extra: str = "") -> str:
 
 
 def _opt(field: str, *names: str, panel: str = PANEL_RUN, extra: str = "", **kw: Any) -> Any:
-    flag = "--" + field.replace("_", "-")
     return typer.Option(
-        flag,
+        flag_of(field),
         *names,
         envvar="HOPBUS_" + field.upper(),
         help=_help(field, extra),
@@ -158,10 +157,9 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
     }
     for field, ignored in unused.items():
         if ignored and given.get(field) is not None:
-            flag = "--" + field.replace("_", "-")
             why = (
                 "without --skip-max 2 or more"
                 if field == "skip_trigger"
                 else f"with --mode {cfg.mode}"
             )
-            warnings.warn(f"{flag} has no effect {why}", UserWarning, stacklevel=2)
+            warnings.warn(f"{flag_of(field)} has no effect {why}", UserWarning, stacklevel=2)
