@@ -38,7 +38,7 @@ class GapMonitor:
         n = topology.n
         bounds = topology.bounds(setting)
         self.table1 = topology.table1(setting)
-        bounds[np.isinf(bounds)] = _UNBOUNDED
+        bounds = np.where(np.isinf(bounds), np.float32(_UNBOUNDED), bounds)  # a copy
         self._bounds = bounds.astype(np.int32)
         np.fill_diagonal(bounds, _UNBOUNDED)
         self._row_min = bounds.min(axis=1)  # tightest bound on how far each worker may lead

@@ -80,13 +80,12 @@ def _largest(values: np.ndarray) -> float | None:
     return None if math.isinf(top) else int(top)
 
 
-def table1(setting: GapSetting, dist: np.ndarray) -> dict[str, float | None]:
+def table1(b: np.ndarray, dist: np.ndarray) -> dict[str, float | None]:
     """The three columns of Table 1 maximised over the graph; None where the paper says infinity.
 
-    ``in_neighbour``: Iter(i) - Iter(j) for j in N_in(i); ``out_neighbour``: for j in N_out(i);
-    ``adjacent``: either; ``any_pair``: any i != j.
+    ``b`` is a ``bound_matrix``. ``in_neighbour``: Iter(i) - Iter(j) for j in N_in(i);
+    ``out_neighbour``: for j in N_out(i); ``adjacent``: either; ``any_pair``: any i != j.
     """
-    b = bound_matrix(setting, dist)
     n = dist.shape[0]
     off = ~np.eye(n, dtype=bool)
     edge = (dist == 1) & off  # edge[i, j]: i -> j

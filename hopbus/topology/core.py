@@ -30,6 +30,7 @@ class Topology:
         analysis.require_strongly_connected(graph, name)
         self.graph = graph
         self.name = name
+        self._bounds: tuple[GapSetting, np.ndarray] | None = None
         self.n = graph.number_of_nodes()
         self.in_peers: tuple[tuple[int, ...], ...] = tuple(
             tuple(sorted(j for j in graph.predecessors(i) if j != i)) for i in range(self.n)
@@ -83,11 +84,18 @@ class Topology:
         return int(self.distances.max())
 
     def bounds(self, setting: GapSetting) -> np.ndarray:
-        """Per-pair Table 1 bounds: ``B[i, j]`` bounds Iter(i) - Iter(j) (inf: none)."""
-        return bound_matrix(setting, self.distances)
+        """Per-pair Table 1 bounds: ``B[i, j]`` bounds Iter(i) - Iter(j) (inf: none).
+
+        Read-only. The most recent setting's matrix is kept, because planning a run, checking
+        it and summarising it all ask for the same one; only one, because it is n x n."""
+        if self._bounds is None or self._bounds[0] != setting:
+            b = bound_matrix(setting, self.distances)
+            b.flags.writeable = False
+            self._bounds = (setting, b)
+        return self._bounds[1]
 
     def table1(self, setting: GapSetting) -> dict[str, float | None]:
-        return table1(setting, self.distances)
+        return table1(self.bounds(setting), self.distances)
 
     def in_degree(self, i: int) -> int:
         """Number of in-neighbours, the self-loop not counted."""
