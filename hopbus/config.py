@@ -94,10 +94,10 @@ class RunConfig(BaseModel):
 
     def protocol_settings(self) -> ProtocolSettings:
         """The protocol's knobs, which share their names with these fields."""
-        names = {f.name for f in dataclasses.fields(ProtocolSettings)} & type(
-            self
-        ).model_fields.keys()
-        return ProtocolSettings(**{name: getattr(self, name) for name in names})
+        shared = [
+            f.name for f in dataclasses.fields(ProtocolSettings) if f.name in RunConfig.model_fields
+        ]
+        return ProtocolSettings(**{name: getattr(self, name) for name in shared})
 
     def build_topology(self) -> tuple[RunConfig, Topology]:
         """Build the graph and return the config with ``workers`` filled in from it."""
