@@ -1,0 +1,65 @@
+"""Each worker's own part of the training set, and an endless stream of minibatches from it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hopbus.data.dataset import DataError, Dataset
+
+
+def shard(ds: Dataset, worker: int, n_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worker ``worker``'s rows: one permutation from ``seed`` cut into ``n_workers`` near-equal,
+    disjoint pieces that together are the whole training set."""
+    n = len(ds.y_train)
+    if n_workers < 1 or not 0 <= worker < n_workers:
+        raise ValueError(f"worker {worker} is not one of {n_workers} workers")
+    if n_workers > n:
+        raise DataError(
+            f"{ds.name} has {n} training samples, too few for {n_workers} workers (one each)"
+        )
+    perm = np.random.default_rng(seed).permutation(n)
+    rows = np.sort(np.array_split(perm, n_workers)[worker])
+    return ds.x_train[rows], ds.y_train[rows]
+
+
+class Batches:
+    """Minibatches of ``batch_size`` rows, forever: the rows in a fresh order each epoch (from
+    ``seed``), and a batch that crosses an epoch's end takes the rest from the next order, so
+    every row is used once per epoch and every batch is full."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> None:
+        if len(x) != len(y) or len(x) == 0:
+            raise ValueError(f"need as many labels as rows, and some rows: {len(x)}, {len(y)}")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        self.x = x
+        self.y = y
+        self.batch_size = min(batch_size, len(x))
+        self.epoch = 0
+        self._rng = np.random.default_rng(seed)
+        self._order = self._rng.permutation(len(x))
+        self._pos = 0
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next minibatch (all of x when the batch size is at least its length)."""
+        if self.batch_size == len(self.x):
+            self.epoch += 1
+            return self.x, self.y
+        rows = self._order[self._pos : self._pos + self.batch_size]
+        self._pos += len(rows)
+        if len(rows) < self.batch_size:
+            self._order = self._rng.permutation(len(self.x))
+            self.epoch += 1
+            self._pos = self.batch_size - len(rows)
+            rows = np.concatenate([rows, self._order[: self._pos]])
+        elif self._pos == len(self.x):
+            self._order = self._rng.permutation(len(self.x))
+            self.epoch += 1
+            self._pos = 0
+        return self.x[rows], self.y[rows]
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.next()

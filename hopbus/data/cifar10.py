@@ -1,0 +1,112 @@
+"""CIFAR-10's "python version" folder, unpickled with an allow-list.
+
+The batches are pickles, and a pickle can run any code it names. Only the handful of globals
+that numpy arrays in such files need are allowed; a file asking for anything else is refused
+before it runs.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hopbus.data.dataset import DataError, Dataset
+
+N_CLASSES = 10
+N_PIXELS = 3072  # 32 x 32 x 3, channel-major as stored
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+
+
+def _allowed() -> dict[tuple[str, str], Any]:
+    """The globals a CIFAR-10 batch may name, under both numpy 1 and numpy 2 module paths."""
+    import codecs
+    import copyreg
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+        from numpy._core.numeric import _frombuffer
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]
+    allowed: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("copyreg", "_reconstructor"): copyreg._reconstructor,  # type: ignore[attr-defined]
+        ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
+    }
+    for core in ("numpy.core", "numpy._core"):
+        allowed[(f"{core}.multiarray", "_reconstruct")] = _reconstruct
+        allowed[(f"{core}.numeric", "_frombuffer")] = _frombuffer
+    return allowed
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only allow-listed globals."""
+
+    def __init__(self, file: Any, path: Path) -> None:
+        super().__init__(file, encoding="bytes")
+        self._path = path
+        self._allowed = _allowed()
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._allowed.get((module, name))
+        if found is None:
+            raise DataError(f"refusing to load {str(self._path)!r}: it asks for {module}.{name}")
+        return found
+
+
+def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Pixels (N x 3072 uint8) and int64 labels of one batch file, checked."""
+    try:
+        with path.open("rb") as f:
+            batch = _RestrictedUnpickler(f, path).load()
+    except DataError:
+        raise
+    except OSError as exc:
+        raise DataError(f"cannot read CIFAR-10 file {str(path)!r}: {exc.strerror or exc}") from None
+    except Exception as exc:  # any unpickling failure of a damaged or foreign file
+        raise DataError(
+            f"cannot read CIFAR-10 file {str(path)!r}: not a CIFAR-10 batch ({type(exc).__name__})"
+        ) from None
+    data = batch.get(b"data") if isinstance(batch, dict) else None
+    labels = batch.get(b"labels") if isinstance(batch, dict) else None
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
+        raise DataError(f"CIFAR-10 file {str(path)!r}: no uint8 'data' matrix")
+    if data.shape[1] != N_PIXELS or labels is None or len(labels) != len(data):
+        raise DataError(
+            f"CIFAR-10 file {str(path)!r}: expected N x {N_PIXELS} data and N labels, "
+            f"got {data.shape} and {None if labels is None else len(labels)} labels"
+        )
+    y = np.asarray(labels, dtype=np.int64)
+    if len(y) and (y.min() < 0 or y.max() >= N_CLASSES):
+        raise DataError(f"CIFAR-10 file {str(path)!r}: labels outside 0..{N_CLASSES - 1}")
+    return data, y
+
+
+def _scaled(pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in [0, 1]."""
+    x = pixels.astype(np.float32)
+    x *= np.float32(1 / 255)
+    return x
+
+
+def load_cifar10(folder: str) -> Dataset:
+    """Whichever of data_batch_1..5 exist (at least one) for training, test_batch for testing."""
+    root = Path(folder)
+    if not root.is_dir():
+        why = "not a directory" if root.exists() else "no such directory"
+        raise DataError(f"cannot read CIFAR-10 folder {folder!r}: {why}")
+    train_paths = [root / name for name in TRAIN_FILES if (root / name).is_file()]
+    if not train_paths:
+        raise DataError(f"CIFAR-10 folder {folder!r} has none of data_batch_1..data_batch_5")
+    if not (root / TEST_FILE).is_file():
+        raise DataError(f"CIFAR-10 folder {folder!r} has no {TEST_FILE}")
+    parts = [_load_batch(p) for p in train_paths]
+    pixels_test, y_test = _load_batch(root / TEST_FILE)
+    x_train = _scaled(np.concatenate([x for x, _ in parts]))
+    y_train = np.concatenate([y for _, y in parts])
+    return Dataset("cifar10", x_train, y_train, _scaled(pixels_test), y_test, N_CLASSES)

@@ -1,0 +1,59 @@
+"""The one shape every loader produces, and the error every loader raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hopbus.errors import UserError
+
+MAX_DENSE_BYTES = 2 * 2**30
+"""Largest dense feature matrix a loader builds: every worker process holds its own copy."""
+
+
+class DataError(UserError):
+    """A data set spec or data file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Dense float32 features (2-D) and int64 labels in 0..n_classes-1, split train/test."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int
+
+    def __post_init__(self) -> None:
+        for x, y in ((self.x_train, self.y_train), (self.x_test, self.y_test)):
+            if x.ndim != 2 or x.dtype != np.float32 or y.dtype != np.int64 or len(x) != len(y):
+                raise ValueError(f"{self.name}: malformed arrays {x.shape}/{x.dtype}, {y.shape}")
+        if self.x_train.shape[1] != self.x_test.shape[1]:
+            raise ValueError(f"{self.name}: train and test have different feature counts")
+
+    @property
+    def n_features(self) -> int:
+        """Columns of x (the model's input size)."""
+        return int(self.x_train.shape[1])
+
+
+def check_dense_size(what: str, rows: int, cols: int) -> None:
+    """Refuse, before allocating, a float32 matrix over ``MAX_DENSE_BYTES``."""
+    size = rows * cols * 4
+    if size > MAX_DENSE_BYTES:
+        raise DataError(
+            f"{what}: {rows} x {cols} dense float32 features would take {size / 2**30:.1f} GiB, "
+            f"more than the {MAX_DENSE_BYTES // 2**30} GiB limit"
+        )
+
+
+def split_rows(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test row indices: a permutation from ``seed``, at least one row on each side."""
+    if n < 2:
+        raise DataError(f"need at least 2 samples to split into train and test, got {n}")
+    n_test = min(n - 1, max(1, round(n * test_fraction)))
+    perm = np.random.default_rng(seed).permutation(n)
+    return perm[n_test:], perm[:n_test]

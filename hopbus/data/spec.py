@@ -1,0 +1,49 @@
+"""The ``--data`` grammar: one string names a data set and how to build it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hopbus.data.dataset import DataError, Dataset
+
+DATA_GRAMMAR = (
+    "digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | svmlight:PATH[,TEST_PATH] | cifar10:DIR"
+)
+
+
+def _svmlight_paths(args: str) -> tuple[str, str | None]:
+    """PATH or PATH,TEST_PATH; a path that itself exists wins over splitting at its comma."""
+    if not args.strip():
+        raise DataError(f"svmlight needs a file: {DATA_GRAMMAR}")
+    if "," not in args or Path(args).exists():
+        return args, None
+    path, _, test_path = args.partition(",")
+    if not path.strip() or not test_path.strip():
+        raise DataError(f"svmlight:PATH[,TEST_PATH] has an empty path in {args!r}")
+    return path, test_path
+
+
+def load_dataset(spec: str, seed: int = 0) -> Dataset:
+    """The data set ``spec`` names (``seed`` only shapes generated data, never a test split)."""
+    text = spec.strip()
+    kind, sep, args = text.partition(":")
+    kind = kind.strip().lower()
+    if kind == "digits" and not sep:
+        from hopbus.data.digits import load_digits
+
+        return load_digits()
+    if kind == "synthetic":
+        from hopbus.data.synthetic import make_synthetic, parse_synthetic
+
+        return make_synthetic(*parse_synthetic(args), seed=seed)
+    if kind == "svmlight" and sep:
+        from hopbus.data.svmlight import load_svmlight
+
+        return load_svmlight(*_svmlight_paths(args))
+    if kind == "cifar10" and sep:
+        from hopbus.data.cifar10 import load_cifar10
+
+        if not args.strip():
+            raise DataError(f"cifar10 needs a folder: {DATA_GRAMMAR}")
+        return load_cifar10(args)
+    raise DataError(f"unknown data set {spec!r}; expected {DATA_GRAMMAR}")
