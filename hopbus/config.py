@@ -101,19 +101,23 @@ class RunConfig(BaseModel):
 
     def build_topology(self) -> tuple[RunConfig, Topology]:
         """Build the graph and return the config with ``workers`` filled in from it."""
-        topo = topology_for(self.topology, self.workers)
+        topo = topology_for(self.topology, self.workers, self.default_workers())
         return self.model_copy(update={"workers": topo.n}), topo
+
+    @classmethod
+    def default_workers(cls) -> int:
+        return DEFAULT_WORKERS
 
     def public(self) -> dict[str, Any]:
         """Every setting, JSON-ready (enums as their strings)."""
         return self.model_dump(mode="json")
 
 
-def topology_for(name: str, workers: int | None) -> Topology:
-    """The graph ``--topology name`` names; ``workers`` None means the default for graphs built
+def topology_for(name: str, workers: int | None, default: int = DEFAULT_WORKERS) -> Topology:
+    """The graph ``--topology name`` names; ``workers`` None means ``default`` for graphs built
     for any size, and the graph's own size for hierarchical:... and files."""
     if workers is None and name.strip() in SIZED:
-        workers = DEFAULT_WORKERS
+        workers = default
     return Topology.named(name, workers)
 
 
@@ -136,11 +140,15 @@ def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
     return ConfigError(f"{name}: {msg} (got {err.get('input')!r})")
 
 
-def make_config(values: dict[str, Any], from_file: dict[str, str] | None = None) -> RunConfig:
-    """Validate ``values``; any problem becomes one ConfigError line naming the flag, or the
-    file and key when ``from_file`` (key -> file name) says the value came from a file."""
+def make_config(
+    values: dict[str, Any],
+    from_file: dict[str, str] | None = None,
+    cls: type[RunConfig] = RunConfig,
+) -> RunConfig:
+    """Validate ``values`` as a ``cls``; any problem becomes one ConfigError line naming the
+    flag, or the file and key when ``from_file`` (key -> file name) says where it came from."""
     try:
-        return RunConfig(**values)  # a bad --slowdown raises SlowdownSpecError straight through
+        return cls(**values)  # a bad --slowdown raises SlowdownSpecError straight through
     except ValidationError as exc:
         raise _explain(exc, from_file or {}) from None
 
@@ -153,3 +161,77 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+DEFAULT_TRAIN_WORKERS = 4  # a real run on one machine: one process per worker
+
+
+class TrainConfig(RunConfig):
+    """A real run: the protocol settings plus the model, the data and the runtime's knobs.
+
+    ``compute_time``, ``latency`` and ``jitter`` are the simulator's and do not apply here;
+    ``iter_time`` is how a real run emulates compute time instead.
+    """
+
+    model: str = Field("softmax", description="Model: logreg (binary), softmax or mlp.")
+    data: str = Field(
+        "digits",
+        description="Training data: digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | "
+        "svmlight:PATH[,TEST_PATH] | cifar10:DIR.",
+    )
+    hidden: int = Field(64, ge=1, le=100_000, description="Hidden units of the mlp model.")
+    batch_size: int = Field(32, ge=1, le=1_000_000, description="Minibatch size per worker.")
+    lr: float = Field(0.1, gt=0, le=1e6, allow_inf_nan=False, description="Learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (paper: 0.9).")
+    weight_decay: float = Field(
+        1e-4, ge=0, le=1, description="L2 weight decay (paper: 1e-4 VGG, 1e-7 SVM)."
+    )
+    iter_time: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="Emulated seconds of one Compute: the real gradient, then sleep up to this "
+        "times the worker's --slowdown factor; 0 = real compute time (still multiplied by the "
+        "slowdown factor).",
+    )
+    eval_every: int = Field(
+        20,
+        ge=0,
+        description="Evaluate each worker's model on the test set every this many iterations "
+        "(0 = only at the end); needed for --target-loss.",
+    )
+    target_loss: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="Report time_to_target: when the workers' mean test loss first reaches this.",
+    )
+    timeout: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="Seconds a worker waits for Redis, a neighbour's endpoint, update or token "
+        "before it gives up and says what it waited for. Raise it for slow models.",
+    )
+
+    @classmethod
+    def default_workers(cls) -> int:
+        return DEFAULT_TRAIN_WORKERS
+
+    def public(self) -> dict[str, Any]:
+        """Every setting a real run uses (the simulator's time model left out)."""
+        return {k: v for k, v in super().public().items() if k not in SIM_ONLY}
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        from hopbus.models import MODELS
+
+        if v not in MODELS:
+            raise ValueError(f"unknown model, expected one of {', '.join(MODELS)}")
+        return v
+
+
+SIM_ONLY = ("compute_time", "latency", "jitter")
+TRAIN_ONLY = tuple(f for f in TrainConfig.model_fields if f not in RunConfig.model_fields)

@@ -25,3 +25,10 @@ class TopologyError(UserError):
 
 class SlowdownSpecError(UserError):
     """A heterogeneity string that does not parse."""
+
+
+class RunFailure(UserError):  # noqa: N818 (a failure the user is told about, not a bug)
+    """A run could not go on: a neighbour died, never appeared, or Redis went away. The message
+    names what was waited for; the exit status is 1 (the input was fine, the run was not)."""
+
+    exit_code = 1

@@ -12,16 +12,26 @@ from typing import Annotated, Any
 
 import typer
 
-from hopbus.config import RunConfig, flag_of, load_toml, make_config
+from hopbus.config import (
+    SIM_ONLY,
+    TRAIN_ONLY,
+    RunConfig,
+    TrainConfig,
+    flag_of,
+    load_toml,
+    make_config,
+)
 from hopbus.modes import Approach, Mode
 from hopbus.topology import NAMES
 
 PANEL_RUN = "Run"
 PANEL_SIM = "Simulation"
+PANEL_TRAIN = "Training"
+PANEL_CLUSTER = "Cluster"
 
 
 def _help(field: str, extra: str = "") -> str:
-    info = RunConfig.model_fields[field]
+    info = TrainConfig.model_fields[field]
     default = info.default
     shown = default.value if hasattr(default, "value") else default
     text = (info.description or "") + (f" {extra}" if extra else "")
@@ -111,6 +121,52 @@ ApproachOpt = Annotated[
 ComputeTime = Annotated[float | None, _opt("compute_time", panel=PANEL_SIM)]
 Latency = Annotated[float | None, _opt("latency", panel=PANEL_SIM)]
 Jitter = Annotated[float | None, _opt("jitter", panel=PANEL_SIM)]
+TrainWorkers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        "-n",
+        envvar="HOPBUS_WORKERS",
+        help="Number of worker processes (default 4, or as many as the topology names for "
+        "hierarchical:... and file:...).",
+        show_default=False,
+        rich_help_panel=PANEL_RUN,
+    ),
+]
+Model = Annotated[str | None, _opt("model", panel=PANEL_TRAIN)]
+Data = Annotated[str | None, _opt("data", panel=PANEL_TRAIN)]
+Hidden = Annotated[int | None, _opt("hidden", panel=PANEL_TRAIN)]
+BatchSize = Annotated[int | None, _opt("batch_size", panel=PANEL_TRAIN)]
+Lr = Annotated[float | None, _opt("lr", panel=PANEL_TRAIN)]
+Momentum = Annotated[float | None, _opt("momentum", panel=PANEL_TRAIN)]
+WeightDecay = Annotated[float | None, _opt("weight_decay", panel=PANEL_TRAIN)]
+IterTime = Annotated[float | None, _opt("iter_time", panel=PANEL_TRAIN)]
+EvalEvery = Annotated[int | None, _opt("eval_every", panel=PANEL_TRAIN)]
+TargetLoss = Annotated[float | None, _opt("target_loss", panel=PANEL_TRAIN)]
+Timeout = Annotated[float | None, _opt("timeout", panel=PANEL_CLUSTER)]
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        envvar="HOPBUS_REDIS",
+        help="Redis to coordinate through: redis://[user:password@]host:port/db, rediss://... "
+        "(TLS) or unix:///path. Prefer the HOPBUS_REDIS variable for URLs with a password: "
+        "command lines are visible to other users.",
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
+RunId = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        "-r",
+        envvar="HOPBUS_RUN",
+        help="Run id: names the run's Redis keys (hop:{RUN}:...) and its results folder.",
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
 ConfigFile = Annotated[
     Path | None,
     typer.Option(
@@ -129,23 +185,27 @@ Json = Annotated[
 
 def run_flags(params: dict[str, Any]) -> dict[str, Any]:
     """The run flags among a command's parameters (call with ``locals()`` first thing), keyed
-    by RunConfig field, None where not given."""
-    return {k: v for k, v in params.items() if k in RunConfig.model_fields}
+    by config field, None where not given."""
+    return {k: v for k, v in params.items() if k in TrainConfig.model_fields}
 
 
-def resolve(config_file: Path | None, given: dict[str, Any]) -> RunConfig:
+def resolve(
+    config_file: Path | None, given: dict[str, Any], cls: type[RunConfig] = RunConfig
+) -> RunConfig:
     """Defaults < config file < environment/flags. ``given`` maps field names to flag values,
-    None where the flag was not given."""
+    None where the flag was not given. A file may hold settings of both ``hopbus sim`` and
+    ``hopbus train`` (train writes its config.toml that way); each takes its own."""
     values: dict[str, Any] = {}
     from_file: dict[str, str] = {}
     if config_file is not None:
-        values.update(load_toml(config_file))
+        other = TRAIN_ONLY if cls is RunConfig else SIM_ONLY
+        values.update({k: v for k, v in load_toml(config_file).items() if k not in other})
         from_file = dict.fromkeys(values, str(config_file))
     for key, value in given.items():
         if value is not None:
             values[key] = value
             from_file.pop(key, None)
-    return make_config(values, from_file)
+    return make_config(values, from_file, cls)
 
 
 def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:

@@ -154,6 +154,76 @@ def summary(console: Console, s: dict[str, Any]) -> None:
     )
     if cfg["skip_max"] >= 2:
         rows.append(("jumps", f"{s['jumps']} jumps, skipping {s['skipped_iterations']} iterations"))
+    if not s["virtual"]:
+        drops = s.get("dropped_frames") or {}
+        if drops:
+            text = ", ".join(f"{k} {v}" for k, v in sorted(drops.items()))
+            rows.append(("bad frames", f"dropped and counted: {text}"))
+        if s.get("final_accuracy") is not None:
+            rows.append(
+                (
+                    "model",
+                    f"final test accuracy {s['final_accuracy']:.4f}, loss "
+                    f"{s['final_loss']:.4f} (mean over workers)",
+                )
+            )
+        if cfg.get("target_loss") is not None:
+            ttt = s.get("time_to_target")
+            rows.append(
+                (
+                    "time to target",
+                    "not reached"
+                    if ttt is None
+                    else f"{ttt:.2f} s to test loss {cfg['target_loss']}",
+                )
+            )
     width = max(len(k) for k, _ in rows)
     for key, text in rows:
         _line(console, f"[dim]{key.ljust(width)}[/]  {text}")
+
+
+def inspect(console: Console, snap: dict[str, Any]) -> None:
+    cfg = snap["config"]
+    _line(
+        console,
+        f"[bold]run {snap['run']}[/] ({snap['status']}): {len(snap['workers'])} workers, "
+        f"{cfg['topology']}, {_describe_mode(cfg)}, {cfg['iterations']} iterations",
+    )
+    wt = Table(box=None, pad_edge=False)
+    for col in ("worker", "iteration", "state", "dropped frames", "stale"):
+        wt.add_column(col, justify="right" if col in ("worker", "iteration", "stale") else "left")
+    for w in snap["workers"]:
+        st = w["stats"]
+        drops = ", ".join(f"{k[8:]} {v}" for k, v in st.items() if k.startswith("dropped_"))
+        wt.add_row(
+            str(w["worker"]),
+            "-" if w["iteration"] is None else str(w["iteration"]),
+            w["state"],
+            drops or "0",
+            str(st.get("stale_dropped", 0)),
+        )
+    console.print(wt)
+    g = snap["gaps"]
+    b = g["bound"]
+    _line(
+        console,
+        f"gaps now: adjacent {g['max_adjacent']} (bound {_bound(b['adjacent'])}), any pair "
+        f"{g['max_any_pair']} (bound {_bound(b['any_pair'])})",
+    )
+    tq = snap["token_queues"]
+    if tq:
+        text = " ".join(f"{q['from']}->{q['to']}:{q['size']}" for q in tq[:48])
+        more = f" ... ({len(tq)} queues)" if len(tq) > 48 else ""
+        _line(console, f"token queues TokenQ(from->to):size  {text}{more}")
+    _line(console, f"progress: {snap['progress_entries']} entries; latest first:")
+    for e in snap["progress"]:
+        _line(
+            console,
+            f"  {e['id']}  worker {e.get('worker')} -> iteration {e.get('iter')}  loss "
+            f"{e.get('loss')}  waited {e.get('wait_s')} s on {e.get('blocked_on')}",
+        )
+    if snap["events"]:
+        _line(console, "events, latest first:")
+        for e in snap["events"]:
+            extra = {k: v for k, v in e.items() if k not in ("id", "kind", "worker", "t")}
+            _line(console, f"  {e['id']}  {e.get('kind')} worker {e.get('worker')} {extra or ''}")

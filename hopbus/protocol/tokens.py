@@ -33,14 +33,16 @@ class TokenLedger:
         return all(size.get((o, taker), 0) >= count for o in owners)
 
     def take(self, owners: Iterable[int], taker: int, count: int = 1) -> None:
-        """``taker`` takes ``count`` tokens from TokenQ(o->taker) for every o (must be there)."""
+        """``taker`` takes ``count`` tokens from TokenQ(o->taker) for every o, all or nothing:
+        if some queue holds too few, raises ValueError and takes none."""
         size = self._size
+        owners = list(owners)
         for o in owners:
-            key = (o, taker)
-            have = size.get(key, 0)
+            have = size.get((o, taker), 0)
             if have < count:
                 raise ValueError(f"TokenQ({o}->{taker}) holds {have} tokens, {count} needed")
-            size[key] = have - count
+        for o in owners:
+            size[(o, taker)] = size.get((o, taker), 0) - count
 
     def size(self, owner: int, taker: int) -> int:
         return self._size.get((owner, taker), 0)

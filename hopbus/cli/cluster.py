@@ -1,0 +1,210 @@
+"""``hopbus train``, ``hopbus worker``, ``hopbus inspect``, ``hopbus clean``: the real cluster."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from hopbus.cli import options as o
+from hopbus.cli import render
+from hopbus.cli.commands import _emit_json, app
+from hopbus.config import TrainConfig
+from hopbus.coord.client import DEFAULT_URL
+from hopbus.errors import RunFailure, UserError
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@app.command("train")
+def train_cmd(
+    workers: o.TrainWorkers = None,
+    topology: o.TopologyName = None,
+    mode: o.ModeOpt = None,
+    backup: o.Backup = None,
+    staleness: o.Staleness = None,
+    max_ig: o.MaxIg = None,
+    skip_max: o.SkipMax = None,
+    skip_trigger: o.SkipTrigger = None,
+    iterations: o.Iterations = None,
+    slowdown: o.Slowdown = None,
+    seed: o.Seed = None,
+    approach: o.ApproachOpt = None,
+    model: o.Model = None,
+    data: o.Data = None,
+    hidden: o.Hidden = None,
+    batch_size: o.BatchSize = None,
+    lr: o.Lr = None,
+    momentum: o.Momentum = None,
+    weight_decay: o.WeightDecay = None,
+    iter_time: o.IterTime = None,
+    eval_every: o.EvalEvery = None,
+    target_loss: o.TargetLoss = None,
+    timeout: o.Timeout = None,
+    config: o.ConfigFile = None,
+    redis: o.RedisUrl = None,
+    run: o.RunId = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Results folder: config.toml, metrics.jsonl, summary.json, logs/. "
+            "[default: runs/RUN]",
+            show_default=False,
+            rich_help_panel=o.PANEL_CLUSTER,
+        ),
+    ] = None,
+    as_json: o.Json = False,
+) -> None:
+    """Train on a local cluster: one process per worker, ZeroMQ between them, Redis in the
+    middle (a private redis-server unless --redis is given).
+
+    Shows every worker's progress while it runs, then the summary (the same fields as `hopbus
+    sim`) and the final test accuracy. Exit status 1 if a worker failed (its reason is
+    printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken.
+    """
+    given = o.run_flags(locals())
+    from hopbus.cli.live import Display
+    from hopbus.runtime.launcher import train
+
+    cfg = o.resolve(config, given, TrainConfig)
+    assert isinstance(cfg, TrainConfig)
+    o.warn_unused(cfg, given)
+    err = Console(stderr=True)
+    with Display(err) as display:
+        launcher, outcome = train(cfg, run=run, out=out, redis_url=redis, on_update=display.update)
+    s = outcome.summary
+    if as_json:
+        _emit_json(s)
+    else:
+        render.summary(Console(), s)
+        err.print(f"hopbus: results in {launcher.out}", highlight=False, soft_wrap=True)
+    if outcome.failure:
+        raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
+    if s["violations"]:
+        v = s["first_violation"]
+        err.print(
+            f"hopbus: error: Table 1 bound broken {s['violations']} times, first: worker "
+            f"{v['ahead']} {v['gap']} ahead of worker {v['behind']} (bound {v['bound']})",
+            highlight=False,
+        )
+        raise typer.Exit(3)
+
+
+@app.command("worker")
+def worker_cmd(
+    run: Annotated[
+        str,
+        typer.Option(
+            "--run", "-r", envvar="HOPBUS_RUN", help="Run id to join (its config is in Redis)."
+        ),
+    ],
+    worker_id: Annotated[
+        int, typer.Option("--id", envvar="HOPBUS_ID", help="This worker's id, 0..N-1.")
+    ],
+    redis: o.RedisUrl = None,
+    bind: Annotated[
+        str,
+        typer.Option(
+            "--bind",
+            envvar="HOPBUS_BIND",
+            help="ZeroMQ address of this worker's inbox; port * = any free port. Use "
+            "tcp://*:PORT with --advertise in containers and on several hosts.",
+        ),
+    ] = "tcp://127.0.0.1:*",
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise",
+            envvar="HOPBUS_ADVERTISE",
+            help="Host name or address neighbours use to reach this worker [default: the bound "
+            "address, or this host's name when bound to *].",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: o.Timeout = None,
+) -> None:
+    """Run one worker of a run: the unit a container runs, started N times by `hopbus train`.
+
+    Joins the run recorded in Redis, registers its inbox, trains every iteration with its
+    neighbours, reports its final accuracy, and exits 0. If Redis or a neighbour cannot be
+    reached within --timeout it prints what it waited for and exits 1.
+    """
+    from hopbus.runtime.worker import Worker, report_failure
+
+    _sigterm_as_interrupt()
+    url = redis or DEFAULT_URL
+    w = Worker(run, worker_id, url, bind=bind, advertise=advertise, timeout=timeout)
+    try:
+        result = w.run_loop()
+    except UserError as exc:
+        report_failure(url, run, worker_id, str(exc))
+        raise
+    print(
+        f"hopbus: worker {worker_id} finished {result['iterations']} iterations, test accuracy "
+        f"{result['final_accuracy']:.4f}"
+    )
+
+
+@app.command("inspect")
+def inspect_cmd(
+    run: o.RunId = None,
+    redis: o.RedisUrl = None,
+    last: Annotated[int, typer.Option("--last", help="Progress entries and events shown.")] = 10,
+    list_runs: Annotated[
+        bool, typer.Option("--list", help="List the runs this Redis holds.")
+    ] = False,
+    as_json: o.Json = False,
+) -> None:
+    """Show a run as Redis holds it: every worker's iteration and state, token queue lengths,
+    the iteration gaps against their Table 1 bounds, dropped frames, the latest progress and
+    events. Reads Redis only; works while the run goes on and after it ended."""
+    from hopbus.coord.client import connect
+    from hopbus.coord.keys import RunKeys
+    from hopbus.coord.runs import list_runs as runs_in
+    from hopbus.coord.snapshot import snapshot
+    from hopbus.errors import ConfigError
+
+    if last < 0:
+        raise ConfigError(f"--last must be 0 or more (got {last})")
+    client = connect(redis or DEFAULT_URL, timeout=5)
+    if list_runs or run is None:
+        runs = runs_in(client)
+        if as_json:
+            _emit_json({"runs": runs})
+        elif runs:
+            print("\n".join(runs))
+        elif run is None:
+            raise ConfigError("no runs in this Redis; give --run RUN (or --redis URL)")
+        return
+    snap = snapshot(client, RunKeys(run), last=last)
+    if as_json:
+        _emit_json(snap)
+    else:
+        render.inspect(Console(), snap)
+
+
+@app.command("clean")
+def clean_cmd(
+    run: Annotated[
+        str, typer.Option("--run", "-r", envvar="HOPBUS_RUN", help="Run id whose keys to delete.")
+    ],
+    redis: o.RedisUrl = None,
+) -> None:
+    """Delete every Redis key of a finished run (hop:{RUN}:*)."""
+    from hopbus.coord.client import connect
+    from hopbus.coord.keys import RunKeys
+    from hopbus.coord.runs import clean_run
+
+    client = connect(redis or DEFAULT_URL, timeout=5)
+    n = clean_run(client, RunKeys(run))
+    print(f"hopbus: removed {n} keys of run {run}")

@@ -1,0 +1,96 @@
+"""What ``hopbus train`` shows while it runs: a live table on a terminal, a line every few
+seconds otherwise (logs, CI). Reads only the launcher's replay of the progress stream."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from hopbus.runtime.launcher import Launcher
+
+ROWS_SHOWN = 32
+PLAIN_EVERY_S = 5.0
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def view(launcher: Launcher) -> Group:
+    cfg = launcher.cfg
+    rep = launcher.replay
+    head = Text.from_markup(
+        f"[bold]run {launcher.keys.run}[/]: {launcher.topo.n} workers, {cfg.topology}, "
+        f"{cfg.mode}, slowdown {cfg.slowdown}"
+    )
+    table = Table(box=None, pad_edge=False)
+    for col in ("worker", "iteration", "it/s", "loss", "test acc", "waits on", "wait s"):
+        table.add_column(col, justify="left" if col == "waits on" else "right")
+    if rep is None:
+        return Group(head, Text("starting workers..."))
+    now = time.time() - rep.t0
+    for i, v in enumerate(rep.views[:ROWS_SHOWN]):
+        rate = v.iteration / now if now > 0 else 0.0
+        waits = " ".join(map(str, v.blocked_on)) if v.blocked_on else ""
+        table.add_row(
+            str(i),
+            f"{v.iteration}/{cfg.iterations}",
+            f"{rate:.1f}",
+            _fmt(v.loss),
+            _fmt(v.eval_accuracy, ".3f"),
+            waits,
+            f"{v.wait_s:.3f}",
+        )
+    m = rep.monitor
+    bound = m.table1["adjacent"]
+    foot = Text.from_markup(
+        f"elapsed {now:.1f} s; largest gap: adjacent {m.max_adjacent} (bound "
+        f"{'∞' if bound is None else bound}), any pair {m.max_any}; violations {m.violations}"
+    )
+    return Group(head, table, foot)
+
+
+class Display:
+    """Call ``update(launcher)`` often; it redraws at most a few times a second."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+        self._last = 0.0
+
+    def __enter__(self) -> Display:
+        if self.console.is_terminal:
+            self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def update(self, launcher: Launcher) -> None:
+        now = time.monotonic()
+        if self.live is not None:
+            if now - self._last >= 0.25:
+                self._last = now
+                self.live.update(view(launcher))
+            return
+        rep = launcher.replay
+        if rep is None or now - self._last < PLAIN_EVERY_S:
+            return
+        self._last = now
+        its = [v.iteration for v in rep.views]
+        losses = [v.loss for v in rep.views if v.loss is not None]
+        loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
+        self.console.print(
+            f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
+            f"{launcher.cfg.iterations}{loss}",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -1,0 +1,71 @@
+"""Connecting to Redis, with one clear line when it cannot be reached."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from hopbus.errors import ConfigError, RunFailure
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+class BrokerUnreachableError(RunFailure):
+    """Redis could not be reached (or refused us) within the timeout."""
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ***, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_url(url: str) -> None:
+    """Refuse what is not a Redis URL, before anything is started."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"--redis {redact(url)!r}: expected redis://[user:password@]host:port/db, "
+            "rediss://... (TLS) or unix:///path/to/socket"
+        )
+
+
+def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
+    """A client for ``url`` that has answered PING, retrying with backoff for up to ``timeout``
+    seconds (the broker may still be starting, e.g. in docker compose)."""
+    check_url(url)
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=min(5.0, timeout), health_check_interval=30
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            client.ping()
+            return client
+        except redis.AuthenticationError as exc:
+            raise BrokerUnreachableError(
+                f"Redis at {redact(url)} refused the credentials: {exc}"
+            ) from None
+        except redis.ResponseError as exc:  # e.g. NOAUTH
+            raise BrokerUnreachableError(f"Redis at {redact(url)} refused us: {exc}") from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            if time.monotonic() + delay > deadline:
+                raise BrokerUnreachableError(
+                    f"cannot reach Redis at {redact(url)} within {timeout:g} s: {exc}"
+                ) from None
+            time.sleep(delay)  # backoff between connection attempts
+            delay = min(delay * 2, 1.0)

@@ -1,0 +1,95 @@
+"""The Redis key schema of a run, in one place.
+
+Every key of run R starts with ``hop:{R}:``; the braces are a Redis Cluster hash tag, so all of a
+run's keys live in one slot and one Lua script may touch several of them.
+
+| key | type | meaning |
+| --- | --- | --- |
+| hop:{R}:meta | hash | ``config`` (JSON RunConfig), ``status``, ``created``, ``version`` |
+| hop:{R}:addr | hash | worker id -> ZeroMQ endpoint of its inbox |
+| hop:{R}:iter:I | string | worker I's iteration |
+| hop:{R}:floor:I | string | oldest update iteration worker I still accepts (Sec. 6.2) |
+| hop:{R}:tok:I:J | list | TokenQ(I->J): tokens worker J takes from I (values: iterations) |
+| hop:{R}:progress | stream | one entry per iteration change (worker, iter, jump, loss, ...) |
+| hop:{R}:events | stream | start, finish, error, stop |
+| hop:{R}:hb:I | string + TTL | worker I's heartbeat |
+| hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
+| hop:{R}:result | hash | worker id -> JSON of its final evaluation |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hopbus.errors import ConfigError
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_run_id(run: str) -> str:
+    """A run id is a name a shell, a folder and a Redis key can all carry unquoted."""
+    if not RUN_ID.fullmatch(run):
+        raise ConfigError(
+            f"--run {run!r}: a run id is 1 to 64 letters, digits, '_', '.' or '-', starting "
+            "with a letter or digit"
+        )
+    return run
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run: str
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run)
+
+    @property
+    def prefix(self) -> str:
+        return f"hop:{{{self.run}}}:"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key of the run (braces escaped for glob matching)."""
+        return f"hop:\\{{{self.run}\\}}:*"
+
+    @property
+    def meta(self) -> str:
+        return self.prefix + "meta"
+
+    @property
+    def addr(self) -> str:
+        return self.prefix + "addr"
+
+    @property
+    def progress(self) -> str:
+        return self.prefix + "progress"
+
+    @property
+    def events(self) -> str:
+        return self.prefix + "events"
+
+    @property
+    def result(self) -> str:
+        return self.prefix + "result"
+
+    def iter(self, worker: int) -> str:
+        return f"{self.prefix}iter:{worker}"
+
+    def floor(self, worker: int) -> str:
+        return f"{self.prefix}floor:{worker}"
+
+    def tok(self, owner: int, taker: int) -> str:
+        return f"{self.prefix}tok:{owner}:{taker}"
+
+    def hb(self, worker: int) -> str:
+        return f"{self.prefix}hb:{worker}"
+
+    def stats(self, worker: int) -> str:
+        return f"{self.prefix}stats:{worker}"
+
+
+def run_of_key(key: str) -> str | None:
+    """The run id inside a hopbus key, or None for other keys."""
+    m = re.match(r"hop:\{([^}]*)\}:", key)
+    return m.group(1) if m else None

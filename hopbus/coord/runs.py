@@ -1,0 +1,72 @@
+"""A run as a whole in Redis: its configuration, status, listing and cleanup."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from hopbus.coord.keys import RunKeys, run_of_key
+from hopbus.errors import UserError
+
+
+class RunStateError(UserError):
+    """The run's state in Redis does not allow what was asked."""
+
+
+def create_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], version: str) -> None:
+    """Record a new run's configuration; refuses a run id that already has state."""
+    if client.exists(keys.meta) or client.exists(keys.progress):
+        raise RunStateError(
+            f"run {keys.run!r} already exists in this Redis: pick another --run, or remove it "
+            f"with: hopbus clean --run {keys.run}"
+        )
+    client.hset(
+        keys.meta,
+        mapping={
+            "config": json.dumps(config),
+            "status": "starting",
+            "created": time.time(),
+            "version": version,
+        },
+    )
+
+
+def load_config(client: redis.Redis, keys: RunKeys, *, timeout: float) -> dict[str, Any]:
+    """The run's configuration, waiting up to ``timeout`` seconds for it to be created."""
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = client.hget(keys.meta, "config")
+        if raw is not None:
+            return json.loads(raw)
+        if time.monotonic() >= deadline:
+            raise RunStateError(
+                f"run {keys.run!r} has no configuration in Redis ({keys.meta}) after "
+                f"{timeout:g} s: start it with hopbus train, or check --run and --redis"
+            )
+        time.sleep(0.1)  # polling for a run another process is creating
+
+
+def set_status(client: redis.Redis, keys: RunKeys, status: str) -> None:
+    client.hset(keys.meta, "status", status)
+
+
+def list_runs(client: redis.Redis) -> list[str]:
+    runs = {run_of_key(k.decode()) for k in client.scan_iter(match="hop:{*}:meta", count=1000)}
+    return sorted(r for r in runs if r)
+
+
+def clean_run(client: redis.Redis, keys: RunKeys) -> int:
+    """Delete every key of the run; returns how many there were."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=keys.pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += client.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += client.unlink(*batch)
+    return deleted

@@ -1,0 +1,106 @@
+"""Everything Redis knows about a run, read at one moment: what ``hopbus inspect`` shows.
+
+Reads keys only (no process state), so it works on a run started by ``hopbus train``, by
+containers, or one that has ended but whose keys are still there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from hopbus.config import TrainConfig, make_config
+from hopbus.coord.keys import RunKeys
+from hopbus.coord.runs import RunStateError
+
+
+def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode(errors="replace") for k, v in d.items()}
+
+
+def _entries(raw: list) -> list[dict[str, Any]]:
+    out = []
+    for entry_id, fields in raw:
+        rec: dict[str, Any] = {"id": entry_id.decode()}
+        rec.update(_decode(fields))
+        out.append(rec)
+    return out
+
+
+def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str, Any]:
+    meta = _decode(client.hgetall(keys.meta))
+    if not meta:
+        raise RunStateError(
+            f"no run {keys.run!r} in this Redis ({keys.meta} does not exist); "
+            "hopbus inspect --list shows the runs there"
+        )
+    cfg = make_config(json.loads(meta["config"]), cls=TrainConfig)
+    cfg, topo = cfg.build_topology()
+    n = topo.n
+    iters_raw = client.mget([keys.iter(i) for i in range(n)])
+    iters = [None if v is None else int(v) for v in iters_raw]
+    pipe = client.pipeline(transaction=False)
+    edges = [(j, i) for i in range(n) for j in topo.out_peers[i]]
+    for j, i in edges:
+        pipe.llen(keys.tok(j, i))
+    for i in range(n):
+        pipe.get(keys.hb(i))
+        pipe.pttl(keys.hb(i))
+        pipe.hgetall(keys.stats(i))
+    answers = pipe.execute()
+    sizes = answers[: len(edges)]
+    rest = answers[len(edges) :]
+    workers = []
+    now_ms = time.time() * 1000
+    for i in range(n):
+        hb, ttl, stats = rest[3 * i : 3 * i + 3]
+        if hb is None:
+            state = "gone" if iters[i] is not None else "not started"
+        elif hb == b"finished":
+            state = "finished"
+        else:
+            state = f"alive ({(now_ms - float(hb)) / 1000:.1f} s ago)" if ttl and ttl > 0 else "?"
+        workers.append(
+            {
+                "worker": i,
+                "iteration": iters[i],
+                "state": state,
+                "stats": {k: int(v) for k, v in _decode(stats).items()},
+            }
+        )
+    known = [(i, it) for i, it in enumerate(iters) if it is not None]
+    gaps = {
+        "matrix": [[None if a is None or b is None else a - b for b in iters] for a in iters]
+        if n <= 32
+        else None,
+        "max_adjacent": max(
+            (
+                iters[j] - iters[i]
+                for j, i in edges
+                if iters[i] is not None and iters[j] is not None
+            ),
+            default=None,
+        ),
+        "max_any_pair": (max(it for _, it in known) - min(it for _, it in known))
+        if known
+        else None,
+        "bound": topo.table1(cfg.protocol_settings().gap_setting),
+    }
+    return {
+        "run": keys.run,
+        "status": meta.get("status"),
+        "created": float(meta["created"]) if "created" in meta else None,
+        "config": cfg.public(),
+        "workers": workers,
+        "token_queues": [
+            {"from": j, "to": i, "size": int(sz)} for (j, i), sz in zip(edges, sizes, strict=True)
+        ],
+        "gaps": gaps,
+        "progress": _entries(client.xrevrange(keys.progress, count=last)),
+        "progress_entries": client.xlen(keys.progress),
+        "events": _entries(client.xrevrange(keys.events, count=last)),
+        "results": {k: json.loads(v) for k, v in _decode(client.hgetall(keys.result)).items()},
+    }

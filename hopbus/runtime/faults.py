@@ -1,0 +1,48 @@
+"""Faults injected by name, for tests and for trying out how a run fails.
+
+``HOPBUS_FAULTS="2:never_register,3:crash_at=10"`` makes worker 2 hang before it registers its
+endpoint (as a process that never comes up) and worker 3 die abruptly when it is about to enter
+iteration 10 (as a crash: no cleanup, no message). ``hopbus train`` passes the variable on to its
+workers. Unknown names are refused, so a typo cannot silently test nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from hopbus.errors import ConfigError
+
+ENV = "HOPBUS_FAULTS"
+NAMES = ("never_register", "crash_at", "hang_at")
+
+
+@dataclass(frozen=True)
+class Faults:
+    never_register: bool = False
+    crash_at: int | None = None
+    hang_at: int | None = None
+
+    @classmethod
+    def for_worker(cls, worker: int, spec: str | None = None) -> Faults:
+        spec = os.environ.get(ENV, "") if spec is None else spec
+        found: dict[str, object] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            who, _, what = part.partition(":")
+            name, _, arg = what.partition("=")
+            if name not in NAMES or not who.isdigit() or (name != "never_register") != bool(arg):
+                raise ConfigError(f"{ENV}: cannot read {part!r}; expected WORKER:NAME[=ITER]")
+            if int(who) == worker:
+                found[name] = True if name == "never_register" else int(arg)
+        return cls(**found)  # type: ignore[arg-type]
+
+    def before_register(self) -> None:
+        if self.never_register:
+            threading.Event().wait()  # until the process is stopped
+
+    def before_iteration(self, iteration: int) -> None:
+        if self.crash_at is not None and iteration >= self.crash_at:
+            os._exit(70)  # a crash: no cleanup, no message
+        if self.hang_at is not None and iteration >= self.hang_at:
+            threading.Event().wait()

@@ -1,0 +1,330 @@
+"""``hopbus train``: a local cluster on one machine.
+
+Starts (or connects to) Redis, records the run, spawns one ``hopbus worker`` process per
+worker, follows the progress stream live (metrics.jsonl, gaps, the display), and ends with the
+summary. Workers run in their own sessions, so the launcher alone decides when they stop: on
+Ctrl-C, on a worker's failure, or at the end. Each worker also asks the kernel to stop it if
+the launcher dies, so no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from hopbus import __version__
+from hopbus.config import TrainConfig
+from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
+from hopbus.coord.client import check_url, connect, redact
+from hopbus.coord.keys import RunKeys
+from hopbus.coord.runs import create_run, set_status
+from hopbus.data import load_dataset
+from hopbus.errors import ConfigError, RunFailure
+from hopbus.heterogeneity import Heterogeneity
+from hopbus.protocol.spec import plan
+from hopbus.runtime.faults import ENV, Faults
+from hopbus.runtime.progress import (
+    Replay,
+    first_start,
+    read_entries,
+    summarize_run,
+    token_invariant_violations,
+)
+from hopbus.topology import Topology
+
+STOP_GRACE_S = 5.0
+
+
+def new_run_id(cfg: TrainConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.mode}-{stamp}-{os.getpid() % 10000:04d}"
+
+
+def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology]:
+    """Everything a worker would refuse, refused here once, before any process starts."""
+    cfg2, topo = cfg.build_topology()
+    assert isinstance(cfg2, TrainConfig)
+    Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
+    plan(cfg2.protocol_settings(), topo)  # warnings shown once, here
+    Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).check_links(
+        topo.graph.has_edge, topo.name
+    )
+    from hopbus.data import shard
+    from hopbus.models import build_model
+
+    data = load_dataset(cfg2.data, cfg2.seed)
+    shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
+    build_model(cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden)
+    return cfg2, topo
+
+
+def write_config_toml(path: Path, cfg: TrainConfig) -> None:
+    lines = ["# hopbus train settings of this run: hopbus train --config config.toml"]
+    for k, v in cfg.public().items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            text = "true" if v else "false"
+        elif isinstance(v, int | float):
+            text = repr(v)
+        elif isinstance(v, list):
+            text = "[" + ", ".join(map(str, v)) + "]"
+        else:
+            text = json.dumps(v)
+        lines.append(f"{k} = {text}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class Proc:
+    worker: int
+    popen: subprocess.Popen
+    log: Path
+    code: int | None = None
+
+
+@dataclass
+class Outcome:
+    summary: dict[str, Any]
+    failure: str | None = None
+    interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith("hopbus: error: "):
+            return line[len("hopbus: error: ") :]
+    return lines[-1] if lines else ""
+
+
+def _why(p: Proc) -> str:
+    code = p.code
+    if code is not None and code < 0:
+        return f"worker {p.worker} was killed by {signal.Signals(-code).name}"
+    line = _last_line(p.log)
+    return line or f"worker {p.worker} exited with status {code} (see {p.log})"
+
+
+class Launcher:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        topo: Topology,
+        *,
+        run: str,
+        out: Path,
+        redis_url: str | None,
+        on_update: Callable[[Launcher], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.topo = topo
+        self.keys = RunKeys(run)
+        self.out = out
+        self.redis_url = redis_url
+        self.on_update = on_update
+        self.broker: EmbeddedRedis | None = None
+        self.procs: list[Proc] = []
+        self.replay: Replay | None = None
+        self.url = ""
+        self.t_start = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def _start_broker(self) -> None:
+        if self.redis_url is None:
+            self.broker = EmbeddedRedis().start()
+            self.url = self.broker.url
+        else:
+            self.url = self.redis_url
+        self.r = connect(self.url, timeout=self.cfg.timeout)
+
+    def _spawn(self) -> None:
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_") or k == ENV}
+        env["HOPBUS_REDIS"] = self.url  # not on the command line: it may hold a password
+        for i in range(self.topo.n):
+            log = logs / f"worker-{i}.log"
+            with log.open("wb") as fh:
+                popen = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "hopbus",
+                        "worker",
+                        "--run",
+                        self.keys.run,
+                        "--id",
+                        str(i),
+                    ],
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,  # Ctrl-C reaches the launcher only; it forwards
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509
+                )
+            self.procs.append(Proc(i, popen, log))
+
+    def stop_workers(self) -> None:
+        live = [p for p in self.procs if p.popen.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in live:
+            try:
+                p.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+
+    def run(self) -> Outcome:
+        """The whole run; always stops every process it started before returning or raising."""
+        try:
+            self._start_broker()
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_config_toml(self.out / "config.toml", self.cfg)
+            create_run(self.r, self.keys, self.cfg.public(), __version__)
+            set_status(self.r, self.keys, "running")
+            self._spawn()
+            with (self.out / "metrics.jsonl").open("w") as metrics:
+                outcome = self._follow(metrics)
+            set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
+            return outcome
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):
+                set_status(self.r, self.keys, "stopped")
+            raise
+        finally:
+            self.stop_workers()
+            if self.broker is not None:
+                self.broker.stop()
+
+    def _new_replay(self, t0: float) -> Replay:
+        setting = self.cfg.protocol_settings().gap_setting
+        return Replay(self.topo, setting, t0, self.cfg.target_loss)
+
+    # -- following the run ------------------------------------------------------------------------
+    def _follow(self, metrics: TextIO) -> Outcome:
+        cursor = "0-0"
+        failure: str | None = None
+        t0: float | None = None
+        pending: list[tuple[str, dict[str, Any]]] = []
+        while True:
+            entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
+            if entries:
+                cursor = entries[-1][0]
+                pending.extend(entries)
+            if pending and t0 is None:
+                t0 = first_start(self.r, self.keys)
+                if t0 is not None:
+                    self.replay = Replay(
+                        self.topo,
+                        self.cfg.protocol_settings().gap_setting,
+                        t0,
+                        self.cfg.target_loss,
+                    )
+            if self.replay is not None:
+                for _, rec in pending:
+                    metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+                pending.clear()
+            for p in self.procs:
+                if p.code is None:
+                    p.code = p.popen.poll()
+                    if p.code not in (None, 0) and failure is None:
+                        failure = _why(p)
+            if self.on_update is not None:
+                self.on_update(self)
+            if failure is not None or all(p.code == 0 for p in self.procs):
+                break
+        if failure is None:  # drain what the last workers wrote before exiting
+            while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
+                cursor = entries[-1][0]
+                if self.replay is None:
+                    t0 = first_start(self.r, self.keys) or self.t_start
+                    self.replay = Replay(
+                        self.topo,
+                        self.cfg.protocol_settings().gap_setting,
+                        t0,
+                        self.cfg.target_loss,
+                    )
+                for _, rec in entries:
+                    metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+        return Outcome(self._summary(failure), failure)
+
+    def _summary(self, failure: str | None) -> dict[str, Any]:
+        if self.replay is None:
+            self.replay = self._new_replay(self.t_start)
+        raw = self.r.hgetall(self.keys.result)
+        results = {int(k): json.loads(v) for k, v in raw.items()}
+        finished = failure is None and len(results) == self.topo.n
+        s = self.cfg.protocol_settings()
+        specs_bound = (
+            None
+            if s.max_ig <= 0
+            else (1 + s.max_ig) * max(self.topo.in_degree(i) for i in range(self.topo.n))
+        )
+        token_check = (
+            token_invariant_violations(self.r, self.keys, self.topo, s.max_ig) if finished else 0
+        )
+        ends = [r["t"] for r in results.values() if "t" in r]
+        wall = (max(ends) - self.replay.t0) if ends and finished else time.time() - self.replay.t0
+        return summarize_run(
+            self.cfg.public(),
+            self.topo,
+            self.replay,
+            results,
+            wall_s=wall,
+            finished=finished,
+            runtime_s=time.time() - self.t_start,
+            token_check=token_check,
+            update_queue_bound=specs_bound,
+            failure=failure,
+        )
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    run: str | None,
+    out: Path | None,
+    redis_url: str | None,
+    on_update: Callable[[Launcher], None] | None = None,
+) -> tuple[Launcher, Outcome]:
+    """Check everything, run, write summary.json; raises UserError for bad input."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cfg, topo = check_inputs(cfg)
+    for w in seen:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if redis_url is not None:
+        check_url(redis_url)
+    run = run or new_run_id(cfg)
+    keys = RunKeys(run)  # validates the id before anything is created
+    out = out if out is not None else Path("runs") / keys.run
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
+        )
+    launcher = Launcher(cfg, topo, run=keys.run, out=out, redis_url=redis_url, on_update=on_update)
+    outcome = launcher.run()
+    (out / "summary.json").write_text(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
+    return launcher, outcome
+
+
+__all__ = ["Launcher", "Outcome", "RunFailure", "redact", "train"]

@@ -1,0 +1,208 @@
+"""Reading a run's progress stream back: records, gaps, timings, the summary object.
+
+The stream ``hop:{R}:progress`` holds one entry per iteration change, appended in the same
+atomic step as the counter change, so reading it in order replays every worker's iteration at
+every instant. ``Replay`` feeds it to the same ``GapMonitor`` and ``RunStats`` the simulator
+uses, which is why a real run's summary has the simulator's fields and meanings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from hopbus.coord.keys import RunKeys
+from hopbus.gaps import GapMonitor
+from hopbus.summary import RunStats, gap_summary
+from hopbus.topology import GapSetting, Topology
+
+_INTS = ("worker", "iter", "jump")
+_FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy")
+
+
+def parse_entry(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """A progress entry's fields as typed values (the same keys as ``hopbus sim --trace``)."""
+    rec: dict[str, Any] = {}
+    for k, v in fields.items():
+        name = k.decode()
+        text = v.decode()
+        if name in _INTS:
+            rec[name] = int(text)
+        elif name in _FLOATS:
+            rec[name] = float(text)
+        elif name == "blocked_on":
+            rec[name] = json.loads(text)
+        else:
+            rec[name] = text
+    return rec
+
+
+def read_entries(
+    client: redis.Redis, key: str, after: str, *, block_ms: int | None = None, count: int = 1000
+) -> list[tuple[str, dict[str, Any]]]:
+    """Entries of stream ``key`` after id ``after``, oldest first (blocking up to block_ms)."""
+    got = client.xread({key: after}, count=count, block=block_ms)
+    if not got:
+        return []
+    return [(i.decode(), parse_entry(f)) for i, f in got[0][1]]
+
+
+def first_start(client: redis.Redis, keys: RunKeys) -> float | None:
+    """Wall time of the run's first ``start`` event: time zero of its progress."""
+    for _, fields in client.xrange(keys.events, count=10_000):
+        if fields.get(b"kind") == b"start":
+            return float(fields[b"t"])
+    return None
+
+
+@dataclass
+class WorkerView:
+    iteration: int = 0
+    loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    blocked_on: list[int] = field(default_factory=list)
+    wait_s: float = 0.0
+    t: float = 0.0
+
+
+class Replay:
+    """Iteration changes in stream order -> gaps, step times, latest view of every worker."""
+
+    def __init__(
+        self, topo: Topology, setting: GapSetting, t0: float, target_loss: float | None = None
+    ) -> None:
+        self.t0 = t0
+        self.monitor = GapMonitor(topo, setting)
+        self.stats = RunStats(topo.n)
+        self.views = [WorkerView() for _ in range(topo.n)]
+        self.target_loss = target_loss
+        self.time_to_target: float | None = None
+        self.entries = 0
+        self.out_of_order = 0  # entries whose iteration did not move forward (must stay 0)
+
+    def feed(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Take one entry; returns it with ``t`` relative to the run's start."""
+        w, it = rec["worker"], rec["iter"]
+        t = rec.get("t", self.t0) - self.t0
+        rec = {**rec, "t": round(t, 6)}
+        v = self.views[w]
+        if it <= v.iteration:
+            self.out_of_order += 1
+            return rec
+        self.entries += 1
+        self.monitor.enter(w, it)
+        self.stats.enter(w, it, t)
+        v.iteration, v.t = it, t
+        v.loss = rec.get("loss", v.loss)
+        v.wait_s = rec.get("wait_s", 0.0)
+        v.blocked_on = rec.get("blocked_on", [])
+        if "eval_loss" in rec:
+            v.eval_loss, v.eval_accuracy = rec["eval_loss"], rec.get("eval_accuracy")
+            self._check_target(t)
+        return rec
+
+    def _check_target(self, t: float) -> None:
+        if self.target_loss is None or self.time_to_target is not None:
+            return
+        losses = [v.eval_loss for v in self.views]
+        if all(x is not None for x in losses) and statistics.fmean(losses) <= self.target_loss:
+            self.time_to_target = t
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else None
+
+
+def summarize_run(
+    cfg_public: dict[str, Any],
+    topo: Topology,
+    replay: Replay,
+    results: dict[int, dict[str, Any]],
+    *,
+    wall_s: float,
+    finished: bool,
+    runtime_s: float,
+    token_check: int,
+    update_queue_bound: int | None,
+    failure: str | None = None,
+) -> dict[str, Any]:
+    """The summary object (docs/summary.md) of a real run, from its replayed progress stream
+    and every worker's final report."""
+    res = [results.get(i, {}) for i in range(topo.n)]
+
+    def total(name: str) -> int:
+        return sum(int(r.get(name, 0)) for r in res)
+
+    drops: dict[str, int] = {}
+    for r in res:
+        for k, v in r.items():
+            if k.startswith("dropped_"):
+                drops[k[len("dropped_") :]] = drops.get(k[len("dropped_") :], 0) + int(v)
+    blocked = [
+        {"worker": i, "iteration": v.iteration, "waiting_for": "updates", "on": v.blocked_on}
+        for i, v in enumerate(replay.views)
+        if not finished and v.iteration < cfg_public["iterations"]
+    ]
+    return {
+        "config": cfg_public,
+        "workers": topo.n,
+        "virtual": False,
+        "wall_s": wall_s,
+        "finished": finished,
+        "deadlocked": False,
+        "failure": failure,
+        "iterations": replay.stats.iterations_summary(),
+        "iter_time_s": replay.stats.iter_time(),
+        **gap_summary(replay.monitor),
+        "jumps": replay.stats.jumps,
+        "skipped_iterations": replay.stats.skipped,
+        "stale_dropped": total("stale_dropped"),
+        "max_update_queue": max((int(r.get("max_update_queue", 0)) for r in res), default=0),
+        "update_queue_bound": update_queue_bound,
+        "messages": total("messages"),
+        "sends_skipped": total("sends_skipped"),
+        "acks": total("acks"),
+        "dropped_frames": drops,
+        "checks": {
+            "token_invariant_violations": token_check,
+            "store_overflow": total("store_overflow"),
+            "store_bound_exceeded": int(
+                update_queue_bound is not None
+                and any(int(r.get("max_update_queue", 0)) > update_queue_bound for r in res)
+            ),
+            "duplicates": total("duplicates"),
+            "progress_out_of_order": replay.out_of_order,
+        },
+        "blocked": blocked,
+        "topology": {"name": topo.name, "diameter": topo.diameter},
+        "runtime_s": runtime_s,
+        "final_loss": _mean([r.get("final_loss") for r in res]),
+        "final_accuracy": _mean([r.get("final_accuracy") for r in res]),
+        "per_worker": res,
+        "time_to_target": replay.time_to_target,
+    }
+
+
+def token_invariant_violations(
+    client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int
+) -> int:
+    """Edges where TokenQ(j->i).size != Iter(j) - Iter(i) + max_ig (Theorem 2), read when no
+    worker is half-way through entering an iteration (e.g. after every worker finished)."""
+    if max_ig <= 0:
+        return 0
+    iters = [int(v or 0) for v in client.mget([keys.iter(i) for i in range(topo.n)])]
+    pipe = client.pipeline(transaction=False)
+    edges = [(j, i) for i in range(topo.n) for j in topo.out_peers[i]]
+    for j, i in edges:
+        pipe.llen(keys.tok(j, i))
+    sizes = pipe.execute()
+    return sum(
+        int(size != iters[j] - iters[i] + max_ig) for (j, i), size in zip(edges, sizes, strict=True)
+    )

@@ -1,0 +1,40 @@
+"""The data plane: ZeroMQ inboxes and outboxes and the frame codec between them."""
+
+from hopbus.transport.codec import (
+    ALLOWED_DTYPES,
+    DROP_REASONS,
+    KIND_ACK,
+    KIND_UPDATE,
+    WIRE_VERSION,
+    FrameError,
+    Layout,
+    Message,
+    Params,
+    Validator,
+    encode_ack,
+    encode_update,
+    layout_of,
+)
+from hopbus.transport.errors import TransportError
+from hopbus.transport.inbox import Inbox, hwm_for
+from hopbus.transport.outbox import Outbox
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "DROP_REASONS",
+    "KIND_ACK",
+    "KIND_UPDATE",
+    "WIRE_VERSION",
+    "FrameError",
+    "Inbox",
+    "Layout",
+    "Message",
+    "Outbox",
+    "Params",
+    "TransportError",
+    "Validator",
+    "encode_ack",
+    "encode_update",
+    "hwm_for",
+    "layout_of",
+]

@@ -1,0 +1,264 @@
+"""The wire format of the data plane, and the checks every received message passes.
+
+A message is multipart: frame 0 is a msgpack header, then one raw buffer frame per tensor, in
+the layout's order. No pickle: a header is plain maps, lists, strings and ints, and a tensor is
+its bytes, so nothing a peer sends can run code or build arbitrary objects here.
+
+Tensors travel little-endian (the ``float32`` on the wire is ``<f4``); on the usual little-endian
+hosts that is the native order, so neither side copies.
+
+``Validator.decode`` is the one gate between the network and the protocol: whatever a peer
+sends, it returns a ``Message`` that matches the run's layout or raises ``FrameError`` with a
+reason from ``DROP_REASONS``, never anything else, so a bad frame is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+WIRE_VERSION = 1
+KIND_UPDATE = "update"
+KIND_ACK = "ack"
+KINDS = (KIND_UPDATE, KIND_ACK)
+
+Params = dict[str, np.ndarray]
+"""Named arrays in insertion order. Treated as immutable once built: they are sent zero-copy,
+so a sender must not write into a snapshot it has handed to ``Outbox.send``."""
+
+Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
+"""(name, dtype name, shape) per tensor, in order."""
+
+ALLOWED_DTYPES = frozenset({"float16", "float32", "float64"})
+
+DROP_REASONS = (
+    "garbage",  # frame 0 is not msgpack, or not a map; no frames at all
+    "bad_header",  # a field missing or of the wrong type; header too large
+    "wrong_version",
+    "wrong_run",
+    "unknown_sender",  # src is not a worker id of this run
+    "not_neighbour",  # a worker that may not send this kind to us
+    "bad_kind",
+    "bad_iteration",  # iter not an int in [0, max_iteration]
+    "bad_layout",  # tensors or frame count differ from the expected layout
+    "wrong_length",  # a tensor frame's byte length is not prod(shape) * itemsize
+)
+
+HEADER_BASE_BYTES = 64 * 1024
+HEADER_BYTES_PER_TENSOR = 64
+
+
+class FrameError(Exception):
+    """A received message that must be dropped; ``reason`` is one of ``DROP_REASONS``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Message:
+    """A validated message: an update carries the sender's parameters, an ack carries none."""
+
+    kind: str
+    src: int
+    iteration: int
+    payload: Params | None
+
+
+_WIRE = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
+"""The explicit little-endian dtype each allowed dtype name stands for on the wire."""
+
+
+def layout_of(params: Params) -> Layout:
+    """The layout a snapshot has: what receivers check every update against."""
+    return tuple((name, a.dtype.name, tuple(a.shape)) for name, a in params.items())
+
+
+def _tensor_buffer(a: np.ndarray) -> memoryview:
+    """A flat byte view of ``a`` in wire order, copying only if ``a`` is not C-contiguous or
+    not little-endian."""
+    if a.dtype.name not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype {a.dtype} cannot be sent: allowed are {sorted(ALLOWED_DTYPES)}")
+    wire = _WIRE[a.dtype.name]
+    if a.dtype != wire:
+        a = a.astype(wire)
+    a = np.ascontiguousarray(a)
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def _header(run: str, src: int, iteration: int, kind: str, tensors: list) -> bytes:
+    return msgpack.packb(
+        {
+            "v": WIRE_VERSION,
+            "run": run,
+            "src": src,
+            "iter": iteration,
+            "kind": kind,
+            "tensors": tensors,
+        },
+        use_bin_type=True,
+    )
+
+
+def encode_update(run: str, src: int, iteration: int, params: Params) -> list:
+    """[header, one buffer per tensor]: the buffers are views of ``params``, not copies."""
+    tensors = [[name, a.dtype.name, list(a.shape)] for name, a in params.items()]
+    buffers = [_tensor_buffer(a) for a in params.values()]
+    return [_header(run, src, iteration, KIND_UPDATE, tensors), *buffers]
+
+
+def encode_ack(run: str, src: int, iteration: int) -> list[bytes]:
+    """A notify-ack ACK: a header alone, with no tensors."""
+    return [_header(run, src, iteration, KIND_ACK, [])]
+
+
+def _is_int(x: object) -> bool:
+    return type(x) is int  # bool is not a worker id or an iteration
+
+
+def _as_bytes(frame: object) -> memoryview:
+    """A flat byte view of one received frame, whatever form it came in."""
+    if isinstance(frame, zmq.Frame):
+        frame = frame.buffer
+    try:
+        view = memoryview(frame)  # type: ignore[arg-type]
+    except TypeError:
+        raise FrameError("garbage", "a frame is not a buffer") from None
+    if view.format == "B" and view.ndim == 1:
+        return view
+    if not view.c_contiguous:
+        raise FrameError("garbage", "a frame is not contiguous")
+    return view.cast("B")
+
+
+class Validator:
+    """Decodes and checks received messages against what this worker expects: its run, its
+    in-neighbours (updates) and out-neighbours (acks), the model's layout, the iteration range."""
+
+    def __init__(
+        self,
+        run: str,
+        n_workers: int,
+        update_from: Collection[int],
+        ack_from: Collection[int],
+        layout: Layout,
+        max_iteration: int,
+    ) -> None:
+        if n_workers < 1:
+            raise ValueError("n_workers must be at least 1")
+        for peers in (update_from, ack_from):
+            bad = [p for p in peers if not (_is_int(p) and 0 <= p < n_workers)]
+            if bad:
+                raise ValueError(f"peers {bad} are not worker ids in 0..{n_workers - 1}")
+        for name, dtype, shape in layout:
+            if dtype not in ALLOWED_DTYPES:
+                raise ValueError(f"tensor {name!r}: dtype {dtype} is not allowed")
+            if any(not _is_int(d) or d < 0 for d in shape):
+                raise ValueError(f"tensor {name!r}: bad shape {shape}")
+        self.run = run
+        self.n_workers = n_workers
+        self.update_from = frozenset(update_from)
+        self.ack_from = frozenset(ack_from)
+        self.layout: Layout = tuple((n, d, tuple(s)) for n, d, s in layout)
+        self.max_iteration = max_iteration
+        self._expect = [
+            (name, dtype, list(shape), _WIRE[dtype], math.prod(shape) * _WIRE[dtype].itemsize)
+            for name, dtype, shape in self.layout
+        ]
+        listed = [[n, d, list(s)] for n, d, s in self.layout]
+        self.max_header_bytes = (
+            HEADER_BASE_BYTES
+            + HEADER_BYTES_PER_TENSOR * len(self.layout)
+            + len(msgpack.packb(listed, use_bin_type=True))
+            + len(msgpack.packb(run, use_bin_type=True))
+        )
+        largest = max((e[4] for e in self._expect), default=0)
+        self.max_frame_bytes = max(self.max_header_bytes, largest)
+        """The largest frame a valid message has: a bound for the inbox's ZMQ_MAXMSGSIZE."""
+
+    def decode(self, frames: Sequence[zmq.Frame | bytes | memoryview]) -> Message:
+        """The message ``frames`` carry, or ``FrameError`` saying why it must be dropped."""
+        try:
+            return self._decode(frames)
+        except FrameError:
+            raise
+        except Exception as exc:  # a check missed a shape of input: still only a drop
+            raise FrameError("garbage", f"{type(exc).__name__}") from exc
+
+    def _decode(self, frames: Sequence[Any]) -> Message:
+        if len(frames) == 0:
+            raise FrameError("garbage", "no frames")
+        head = _as_bytes(frames[0])
+        if len(head) > self.max_header_bytes:
+            raise FrameError("bad_header", f"header of {len(head)} bytes")
+        try:
+            h = msgpack.unpackb(head, raw=False, strict_map_key=True, use_list=True)
+        except Exception:
+            raise FrameError("garbage", "frame 0 is not msgpack") from None
+        if not isinstance(h, dict):
+            raise FrameError("garbage", "header is not a map")
+
+        v = h.get("v")
+        if not _is_int(v):
+            raise FrameError("bad_header", "v")
+        if v != WIRE_VERSION:
+            raise FrameError("wrong_version", str(v))
+        for key, typ in (("run", str), ("src", int), ("kind", str), ("tensors", list)):
+            if type(h.get(key)) is not typ:
+                raise FrameError("bad_header", key)
+        if "iter" not in h:
+            raise FrameError("bad_header", "iter")
+        if h["run"] != self.run:
+            raise FrameError("wrong_run")
+        kind = h["kind"]
+        if kind not in KINDS:
+            raise FrameError("bad_kind")
+        src = h["src"]
+        if not 0 <= src < self.n_workers:
+            raise FrameError("unknown_sender", str(src))
+        if src not in (self.update_from if kind == KIND_UPDATE else self.ack_from):
+            raise FrameError("not_neighbour", f"{kind} from {src}")
+        iteration = h["iter"]
+        if not _is_int(iteration) or not 0 <= iteration <= self.max_iteration:
+            raise FrameError("bad_iteration")
+
+        if kind == KIND_ACK:
+            if h["tensors"] or len(frames) != 1:
+                raise FrameError("bad_layout", "an ack carries no tensors")
+            return Message(KIND_ACK, src, iteration, None)
+        return Message(KIND_UPDATE, src, iteration, self._payload(h["tensors"], frames))
+
+    def _payload(self, tensors: list, frames: Sequence[Any]) -> Params:
+        expect = self._expect
+        if len(tensors) != len(expect) or len(frames) != 1 + len(expect):
+            raise FrameError("bad_layout", "tensor or frame count")
+        for got, (name, dtype, shape, _, _) in zip(tensors, expect, strict=True):
+            if not (
+                type(got) is list
+                and len(got) == 3
+                and type(got[0]) is str
+                and got[0] == name
+                and type(got[1]) is str
+                and got[1] == dtype
+                and type(got[2]) is list
+                and len(got[2]) == len(shape)
+                and all(_is_int(d) for d in got[2])
+                and got[2] == shape
+            ):
+                raise FrameError("bad_layout", f"tensor {name!r}")
+        params: Params = {}
+        for frame, (name, _, shape, wire, nbytes) in zip(frames[1:], expect, strict=True):
+            buf = _as_bytes(frame)
+            if len(buf) != nbytes:
+                raise FrameError("wrong_length", f"tensor {name!r}: {len(buf)} != {nbytes}")
+            a = np.frombuffer(buf, dtype=wire).reshape(shape)
+            a.flags.writeable = False  # shared with the frame; snapshots are immutable
+            params[name] = a
+        return params

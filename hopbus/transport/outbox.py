@@ -1,0 +1,92 @@
+"""A worker's outbox: one PUSH socket per peer it sends to.
+
+One socket per peer, never one PUSH connected to many: PUSH round-robins among its peers, so a
+shared socket would hand each update to one neighbour instead of all of them.
+
+Sizing ``hwm``: the protocol bounds how many updates a worker can have outstanding towards one
+neighbour (``1 + max_ig`` by Table 1; acks are one per iteration and just as bounded), so the
+runtime passes that plus a small slack (``inbox.hwm_for``). Under correct operation the mark is
+then never reached, no valid message waits, and a send that does block past ``send_timeout_s``
+means the peer is gone or stuck: ``TransportError``, not a silent drop (PUSH never drops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import zmq
+
+from hopbus.transport.errors import TransportError
+
+__all__ = ["Outbox", "TransportError"]
+
+
+class Outbox:
+    """PUSH sockets to ``endpoints`` (peer id -> address), connected now: ZeroMQ queues what is
+    sent before a peer is up and delivers it when it comes.
+
+    Used from one thread (ZeroMQ sockets are not thread-safe).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoints: Mapping[int, str],
+        *,
+        hwm: int,
+        send_timeout_s: float,
+    ) -> None:
+        self.endpoints = dict(endpoints)
+        self._socks: dict[int, zmq.Socket] = {}
+        timeout_ms = max(0, round(send_timeout_s * 1000))
+        try:
+            for peer, endpoint in self.endpoints.items():
+                sock = ctx.socket(zmq.PUSH)
+                self._socks[peer] = sock
+                sock.setsockopt(zmq.SNDHWM, hwm)
+                sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+                try:
+                    sock.connect(endpoint)
+                except zmq.ZMQError as exc:
+                    raise TransportError(
+                        f"peer {peer}: cannot connect to {endpoint}: {exc.strerror}"
+                    ) from None
+        except BaseException:
+            self.close(0)
+            raise
+
+    def send(self, to: Iterable[int], frames: list) -> None:
+        """Send the same message to every peer in ``to``.
+
+        Buffers are wrapped in ``zmq.Frame`` once and shared by all peers (libzmq reference
+        counts them), so a snapshot is never copied, whatever the fan-out; frames under pyzmq's
+        copy threshold (the header) are copied, which is cheaper than tracking them. The
+        buffers must not be written to afterwards: libzmq reads them later, from its I/O thread.
+
+        Peers are served in order; if one blocks past the timeout, those before it have the
+        message and those after it do not (the error names the one that blocked).
+        """
+        parts = [f if isinstance(f, zmq.Frame) else zmq.Frame(f) for f in frames]
+        for peer in to:
+            sock = self._socks.get(peer)
+            if sock is None:
+                raise TransportError(f"peer {peer}: no endpoint known")
+            try:
+                sock.send_multipart(parts, copy=False)
+            except zmq.Again:
+                raise TransportError(
+                    f"peer {peer}: send to {self.endpoints[peer]} blocked past its timeout "
+                    "(peer down or not draining its inbox)"
+                ) from None
+
+    def close(self, linger_s: float = 1.0) -> None:
+        """Close every socket, letting queued messages drain for up to ``linger_s``."""
+        linger_ms = max(0, round(linger_s * 1000))
+        for sock in self._socks.values():
+            sock.close(linger=linger_ms)
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,123 @@
+"""The real cluster end to end: real redis-server, real worker processes, real sockets.
+
+Each mode trains softmax regression on digits with 8 workers on the ring-based graph; the gaps
+replayed from the Redis progress stream must stay within Table 1 and every check must be 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import redis
+from cluster import clean_env, processes_mentioning, train, train_args
+
+from hopbus.coord.keys import RunKeys
+
+MODES = {
+    "standard": ["--mode", "standard"],
+    "notify-ack": ["--mode", "notify-ack"],
+    "backup": ["--mode", "backup", "--backup", "1"],
+    "staleness": ["--mode", "staleness", "--staleness", "3"],
+    "hybrid": ["--mode", "hybrid", "--staleness", "3"],
+    # a worker 8x slower every iteration makes the jumps of Sec. 5 happen for real
+    "skipping": [
+        "--mode", "backup", "--skip-max", "4", "--slowdown", "fixed:8@0", "--iter-time", "0.002",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_mode_trains_digits_within_table1(redis_url, tmp_path, mode):
+    flags = ["-n", "8", "--topology", "ring-based", "--iterations", "300", *MODES[mode]]
+    p, s = train(redis_url, tmp_path / "run", *flags)
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and not s["virtual"]
+    per_worker = [w["final_accuracy"] for w in s["per_worker"]]
+    assert s["final_accuracy"] >= 0.90, per_worker
+    assert min(per_worker) >= 0.85
+    assert s["violations"] == 0, s["first_violation"]
+    assert s["max_gap"]["any_pair"] <= (s["gap_bound"]["any_pair"] or 10**9)
+    assert s["iterations"]["min"] == s["iterations"]["max"] == 300
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    if s["update_queue_bound"] is not None:
+        assert s["max_update_queue"] <= s["update_queue_bound"]
+    if mode == "skipping":
+        assert s["jumps"] >= 1 and s["skipped_iterations"] >= s["jumps"]
+    if mode == "notify-ack":
+        assert s["acks"] > 0
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 8 * 300 - s["skipped_iterations"]  # a jump of J is one entry
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == s
+
+
+def test_default_path_embedded_redis(tmp_path):
+    """What a new user types first: no flags at all (4 workers, digits, a private Redis)."""
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "hopbus", "train"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "final test accuracy" in p.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["workers"] == 4 and s["final_accuracy"] >= 0.9
+    assert {f.name for f in run_dir.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json"}
+    assert not processes_mentioning(run_dir.name)
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)  # polling an observable condition, with a deadline
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ctrl_c_stops_everything(redis_url, tmp_path):
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "4", "--iterations", "100000")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    _wait_for(lambda: client.xlen(keys.progress) > 20, 60, "training to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert err.decode().strip().splitlines()[-1] == "hopbus: interrupted"
+    assert not processes_mentioning(run)
+    assert client.hget(keys.meta, "status") == b"stopped"
+
+
+def test_a_worker_that_never_appears_stops_the_run(redis_url, tmp_path):
+    env = clean_env(HOPBUS_FAULTS="2:never_register")
+    flags = ["-n", "4", "--timeout", "3"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    t0 = time.monotonic()
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hopbus: error: run {run} failed: worker ")
+    assert "waited 3 s for worker 2 to register an endpoint" in last
+    assert time.monotonic() - t0 < 30
+    assert not processes_mentioning(run)
+
+
+def test_a_crashed_worker_is_named(redis_url, tmp_path):
+    env = clean_env(HOPBUS_FAULTS="1:crash_at=20")
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "4", "--iterations", "200")
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert p.returncode == 1
+    assert "worker 1 exited with status 70" in p.stderr.strip().splitlines()[-1]
+    assert not processes_mentioning(run)
