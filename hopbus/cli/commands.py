@@ -18,8 +18,8 @@ from hopbus.errors import ConfigError
 
 app = typer.Typer(
     name="hopbus",
-    help="Heterogeneity-aware decentralized training (Hop, ASPLOS'19): simulate it, inspect "
-    "communication graphs, and (soon) train on a real cluster.",
+    help="Heterogeneity-aware decentralized training (Hop, ASPLOS'19): train on a local "
+    "cluster of worker processes, simulate it, inspect runs and communication graphs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -42,8 +42,8 @@ def _main(
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
 ) -> None:
-    """Heterogeneity-aware decentralized training (Hop, ASPLOS'19): simulate it, inspect
-    communication graphs, and (soon) train on a real cluster."""
+    """Heterogeneity-aware decentralized training (Hop, ASPLOS'19): train on a local cluster
+    of worker processes, simulate it, inspect runs and communication graphs."""
 
 
 def _emit_json(obj: Any) -> None:
