@@ -161,14 +161,17 @@ class Worker:
             layout=layout_of(self.trainer.params),
             max_iteration=cfg.iterations,
         )
-        per_peer = s.store_slots + 2  # the protocol never has more outstanding per neighbour
+        # High-water marks are per connection in ZeroMQ. No neighbour ever has more updates
+        # outstanding towards us than our store has slots (Table 1), nor more ACKs, so valid
+        # messages never reach the mark, and a stuck peer holds at most this many in memory.
+        per_peer = s.store_slots + 2
         self.ctx = zmq.Context()
         self.inbox = Inbox(
             self.ctx,
             self.bind,
             validator,
             self._deliver,
-            hwm=per_peer * max(1, len(s.in_peers)) + (2 * len(s.out_peers) if self.acks else 0),
+            hwm=per_peer * (2 if self.acks else 1),
         )
         self.inbox.start()
         self.faults.before_register()
