@@ -70,9 +70,11 @@ def train_cmd(
 
     Shows every worker's progress while it runs, then the summary (the same fields as `hopbus
     sim`) and the final test accuracy. Exit status 1 if a worker failed (its reason is
-    printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken.
+    printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken, 130
+    after Ctrl-C or SIGTERM (every process it started is stopped).
     """
     given = o.run_flags(locals())
+    _sigterm_as_interrupt()  # stop the workers and the private Redis as on Ctrl-C
     from hopbus.cli.live import Display
     from hopbus.runtime.launcher import train
 
@@ -199,12 +201,23 @@ def clean_cmd(
         str, typer.Option("--run", "-r", envvar="HOPBUS_RUN", help="Run id whose keys to delete.")
     ],
     redis: o.RedisUrl = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also delete a run that is still running.")
+    ] = False,
 ) -> None:
     """Delete every Redis key of a finished run (hop:{RUN}:*)."""
     from hopbus.coord.client import connect
     from hopbus.coord.keys import RunKeys
     from hopbus.coord.runs import clean_run
+    from hopbus.errors import ConfigError
 
     client = connect(redis or DEFAULT_URL, timeout=5)
-    n = clean_run(client, RunKeys(run))
-    print(f"hopbus: removed {n} keys of run {run}")
+    keys = RunKeys(run)
+    status = client.hget(keys.meta, "status")
+    if status in (b"starting", b"running") and not force:
+        raise ConfigError(
+            f"run {run} is {status.decode()}: stop it first, or pass --force to delete its keys "
+            "under its workers"
+        )
+    n = clean_run(client, keys)
+    print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}")

@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = command.main(
             args=list(argv) if argv is not None else None, prog_name="hopbus", standalone_mode=False
         )
-        sys.stdout.flush()
+        if sys.stdout is not None:
+            sys.stdout.flush()
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -96,6 +96,7 @@ class EmbeddedRedis:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C is the launcher's to handle, not Redis's
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (single-threaded at this point)
             )
             log.close()

@@ -62,6 +62,10 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
             ) from None
         except redis.ResponseError as exc:  # e.g. NOAUTH
             raise BrokerUnreachableError(f"Redis at {redact(url)} refused us: {exc}") from None
+        except redis.InvalidResponse as exc:
+            raise BrokerUnreachableError(
+                f"{redact(url)} does not answer as Redis ({exc}): check the host and port"
+            ) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             if time.monotonic() + delay > deadline:
                 raise BrokerUnreachableError(

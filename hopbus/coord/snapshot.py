@@ -99,8 +99,8 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
             {"from": j, "to": i, "size": int(sz)} for (j, i), sz in zip(edges, sizes, strict=True)
         ],
         "gaps": gaps,
-        "progress": _entries(client.xrevrange(keys.progress, count=last)),
+        "progress": _entries(client.xrevrange(keys.progress, count=last)) if last else [],
         "progress_entries": client.xlen(keys.progress),
-        "events": _entries(client.xrevrange(keys.events, count=last)),
+        "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
         "results": {k: json.loads(v) for k, v in _decode(client.hgetall(keys.result)).items()},
     }

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import redis
+
 from hopbus import __version__
 from hopbus.config import TrainConfig
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
@@ -150,7 +152,7 @@ class Launcher:
             self.url = self.broker.url
         else:
             self.url = self.redis_url
-        self.r = connect(self.url, timeout=self.cfg.timeout)
+        self.r = connect(self.url, timeout=min(10.0, self.cfg.timeout))
 
     def _spawn(self) -> None:
         logs = self.out / "logs"
@@ -210,6 +212,10 @@ class Launcher:
             with contextlib.suppress(Exception):
                 set_status(self.r, self.keys, "stopped")
             raise
+        except redis.RedisError as exc:
+            raise RunFailure(
+                f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
+            ) from None
         finally:
             self.stop_workers()
             if self.broker is not None:
@@ -272,7 +278,14 @@ class Launcher:
             self.replay = self._new_replay(self.t_start)
         raw = self.r.hgetall(self.keys.result)
         results = {int(k): json.loads(v) for k, v in raw.items()}
-        finished = failure is None and len(results) == self.topo.n
+        for i in range(self.topo.n):  # a worker that did not finish: its last counters
+            if i not in results:
+                stats = self.r.hgetall(self.keys.stats(i))
+                results_i = {k.decode(): int(v) for k, v in stats.items()}
+                if results_i:
+                    results[i] = results_i
+        finished = failure is None and all("final_accuracy" in r for r in results.values())
+        finished = finished and len(results) == self.topo.n
         s = self.cfg.protocol_settings()
         specs_bound = (
             None

@@ -166,13 +166,16 @@ class Worker:
         # messages never reach the mark, and a stuck peer holds at most this many in memory.
         per_peer = s.store_slots + 2
         self.ctx = zmq.Context()
-        self.inbox = Inbox(
-            self.ctx,
-            self.bind,
-            validator,
-            self._deliver,
-            hwm=per_peer * (2 if self.acks else 1),
-        )
+        try:
+            self.inbox = Inbox(
+                self.ctx,
+                self.bind,
+                validator,
+                self._deliver,
+                hwm=per_peer * (2 if self.acks else 1),
+            )
+        except TransportError as exc:
+            raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
         self.inbox.start()
         self.faults.before_register()
         self.endpoint = advertised(self.inbox.endpoint, self.advertise)
@@ -195,7 +198,8 @@ class Worker:
             if time.monotonic() >= deadline:
                 raise RunFailure(
                     f"worker {self.worker} waited {self.timeout:g} s for {_names(missing)} to "
-                    f"register an endpoint in {self.keys.addr}; they never appeared"
+                    f"register an endpoint in {self.keys.addr}; they never appeared (slow "
+                    "start-up? raise --timeout)"
                 )
             self._check_threads()
             time.sleep(0.05)  # polling the registry while neighbours start
@@ -303,6 +307,16 @@ class Worker:
         try:
             self._setup()
             return self._drive()
+        except redis.ResponseError as exc:
+            if "HOPBUS" not in str(exc):
+                raise RunFailure(f"worker {self.worker}: Redis refused a command: {exc}") from None
+            raise RunFailure(
+                f"worker {self.worker} of run {self.keys.run}: "
+                + str(exc).split("HOPBUS ", 1)[1]
+                + " (another process already runs this --id, or the run ended: hopbus clean)"
+            ) from None
+        except redis.RedisError as exc:
+            raise RunFailure(f"worker {self.worker} lost Redis: {exc}") from None
         finally:
             self.close()
 
@@ -419,7 +433,9 @@ def report_failure(redis_url: str, run: str, worker: int, message: str) -> None:
     """Best effort: put a worker's failure on the run's events stream for ``hopbus inspect``."""
     with contextlib.suppress(redis.RedisError, ConfigError, OSError):
         client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
-        RunControl(client, RunKeys(run), worker).event("error", message=message)
+        keys = RunKeys(run)
+        if client.exists(keys.meta):  # never create keys for a run that does not exist
+            RunControl(client, keys, worker).event("error", message=message)
         client.close()
 
 

@@ -54,6 +54,30 @@ def test_unreachable_redis_is_one_line_within_the_timeout(tmp_path):
     assert time.monotonic() - t0 < 30
 
 
+def test_a_server_that_is_not_redis_is_one_line():
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def answer_html():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.sendall(b"<html>not redis</html>\r\n")
+            conn.close()
+
+    threading.Thread(target=answer_html, daemon=True).start()
+    url = f"redis://127.0.0.1:{srv.getsockname()[1]}/0"
+    p = hopbus("inspect", "--list", "--redis", url)
+    srv.close()
+    assert "does not answer as Redis" in _one_line_error(p, 1)
+
+
 def test_password_never_shown(tmp_path):
     url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
     p = hopbus("worker", "--run", "r1", "--id", "0", "--redis", url, "--timeout", "1")
@@ -84,6 +108,8 @@ def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
     assert len(snap["results"]) == 4
     p = hopbus("inspect", "--run", run, "--redis", redis_url)
     assert p.returncode == 0 and f"run {run} (finished)" in p.stdout
+    p = hopbus("inspect", "--run", run, "--redis", redis_url, "--last", "0", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["progress"] == []
     p = hopbus("inspect", "--list", "--redis", redis_url)
     assert run in p.stdout.split()
     p = hopbus("clean", "--run", run, "--redis", redis_url)
