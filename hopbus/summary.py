@@ -71,6 +71,18 @@ class RunStats:
         }
 
 
+def progress_summary(stats: RunStats, monitor: GapMonitor) -> dict[str, Any]:
+    """The summary fields every run derives from its iteration changes, simulated or real:
+    ``iterations``, ``iter_time_s``, the gap fields, ``jumps``, ``skipped_iterations``."""
+    return {
+        "iterations": stats.iterations_summary(),
+        "iter_time_s": stats.iter_time(),
+        **gap_summary(monitor),
+        "jumps": stats.jumps,
+        "skipped_iterations": stats.skipped,
+    }
+
+
 def gap_summary(monitor: GapMonitor) -> dict[str, Any]:
     """``max_gap``, ``gap_bound`` and ``violations`` of the summary object."""
     v = monitor.first_violation

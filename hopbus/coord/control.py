@@ -140,10 +140,6 @@ class RunControl:
         floors = {j: int(v) if v else 0 for j, v in zip(floors_of, res[2], strict=True)}
         return res[1], floors
 
-    def iterations(self, workers: Sequence[int]) -> list[int | None]:
-        values = self.r.mget([self.keys.iter(w) for w in workers])
-        return [None if v is None else int(v) for v in values]
-
     # -- store floors (Sec. 6.2) ------------------------------------------------------------------
     def publish_floor(self, floor: int) -> None:
         self.r.set(self.keys.floor(self.worker), floor)

@@ -15,6 +15,7 @@ import redis
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError
+from hopbus.coord.tokens import queue_sizes, token_edges
 
 
 def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
@@ -42,17 +43,14 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
     n = topo.n
     iters_raw = client.mget([keys.iter(i) for i in range(n)])
     iters = [None if v is None else int(v) for v in iters_raw]
+    edges = token_edges(topo)
+    sizes = queue_sizes(client, keys, edges)
     pipe = client.pipeline(transaction=False)
-    edges = [(j, i) for i in range(n) for j in topo.out_peers[i]]
-    for j, i in edges:
-        pipe.llen(keys.tok(j, i))
     for i in range(n):
         pipe.get(keys.hb(i))
         pipe.pttl(keys.hb(i))
         pipe.hgetall(keys.stats(i))
-    answers = pipe.execute()
-    sizes = answers[: len(edges)]
-    rest = answers[len(edges) :]
+    rest = pipe.execute()
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):

@@ -5,18 +5,20 @@ The owner RPUSHes one token per iteration it enters (the value is that iteration
 queue at a time with blocking pops and can never starve anybody (see protocol/tokens.py).
 
 ``RedisTokenQueues`` has the same put/size/can_take/take/short semantics as the in-memory
-``TokenLedger`` (tests/contract runs one suite against both); it adds ``take_blocking``, which
-waits with BLPOP in short slices so that the caller can notice a dead neighbour or a deadline.
+``TokenLedger`` (tests/contract runs one suite against both); it adds ``pop_one``, a blocking
+pop with a timeout, which a worker calls in short slices so that it can notice a dead neighbour
+or a deadline. (The worker takes its tokens in the same Lua call that enters the iteration, see
+coord/control.py; it only pops on its own while a queue is short.)
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import redis
 
 from hopbus.coord.keys import RunKeys
+from hopbus.topology import Topology
 
 # Take `count` tokens from every listed queue, or none at all (ARGV[1] = count).
 _TAKE_ALL = """
@@ -29,17 +31,6 @@ if n > 0 then
 end
 return 0
 """
-
-SLICE_S = 0.5  # longest single BLPOP, so that a waiting worker looks around this often
-
-
-class TokenWaitTimeoutError(Exception):
-    """No token arrived from ``owner`` within the timeout."""
-
-    def __init__(self, owner: int, waited: float) -> None:
-        super().__init__(f"no token from worker {owner} for {waited:.1f} s")
-        self.owner = owner
-        self.waited = waited
 
 
 class RedisTokenQueues:
@@ -86,38 +77,16 @@ class RedisTokenQueues:
         """Wait up to ``timeout`` seconds for one token of TokenQ(owner->taker) and take it."""
         return self.r.blpop([self.keys.tok(owner, taker)], timeout=timeout) is not None
 
-    def take_blocking(
-        self,
-        owners: Sequence[int],
-        taker: int,
-        count: int,
-        *,
-        patience: float,
-        on_wait: Callable[[int, float], None] | None = None,
-    ) -> float:
-        """Take ``count`` tokens from every TokenQ(o->taker), waiting for them, one queue at a
-        time. Returns the seconds spent waiting. ``on_wait(owner, waited)`` is called after every
-        empty slice (it may raise, e.g. when the owner's heartbeat is gone); if no token comes
-        from one owner for ``patience`` seconds, raises TokenWaitTimeoutError."""
-        waited_total = 0.0
-        for o in owners:
-            key = self.keys.tok(o, taker)
-            need = count
-            while need:
-                got = self.r.lpop(key, need)  # what is there already, without blocking
-                need -= len(got) if got else 0
-                if not need:
-                    break
-                t0 = time.monotonic()
-                while True:
-                    got1 = self.r.blpop([key], timeout=SLICE_S)
-                    waited = time.monotonic() - t0
-                    if got1 is not None:
-                        need -= 1
-                        break
-                    if on_wait is not None:
-                        on_wait(o, waited)
-                    if waited >= patience:
-                        raise TokenWaitTimeoutError(o, waited)
-                waited_total += time.monotonic() - t0
-        return waited_total
+
+def token_edges(topo: Topology) -> list[tuple[int, int]]:
+    """Every (owner, taker) pair with a token queue: TokenQ(j->i) for each out-neighbour j of
+    each worker i."""
+    return [(j, i) for i in range(topo.n) for j in topo.out_peers[i]]
+
+
+def queue_sizes(client: redis.Redis, keys: RunKeys, edges: Sequence[tuple[int, int]]) -> list[int]:
+    """Lengths of TokenQ(j->i) for every (j, i) in ``edges``, in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for j, i in edges:
+        pipe.llen(keys.tok(j, i))
+    return [int(n) for n in pipe.execute()]

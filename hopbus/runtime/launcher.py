@@ -33,7 +33,7 @@ from hopbus.coord.runs import create_run, set_status
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.protocol.spec import plan
+from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
     Replay,
@@ -52,12 +52,13 @@ def new_run_id(cfg: TrainConfig) -> str:
     return f"{cfg.mode}-{stamp}-{os.getpid() % 10000:04d}"
 
 
-def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology]:
-    """Everything a worker would refuse, refused here once, before any process starts."""
+def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
+    """Everything a worker would refuse, refused here once, before any process starts.
+    Returns the config with its worker count, the graph and every worker's spec."""
     cfg2, topo = cfg.build_topology()
     assert isinstance(cfg2, TrainConfig)
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
-    plan(cfg2.protocol_settings(), topo)  # warnings shown once, here
+    specs = plan(cfg2.protocol_settings(), topo)  # warnings shown once, here
     Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).check_links(
         topo.graph.has_edge, topo.name
     )
@@ -67,7 +68,7 @@ def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology]:
     data = load_dataset(cfg2.data, cfg2.seed)
     shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
     build_model(cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden)
-    return cfg2, topo
+    return cfg2, topo, specs
 
 
 def write_config_toml(path: Path, cfg: TrainConfig) -> None:
@@ -127,6 +128,7 @@ class Launcher:
         self,
         cfg: TrainConfig,
         topo: Topology,
+        specs: list[WorkerSpec],
         *,
         run: str,
         out: Path,
@@ -135,6 +137,7 @@ class Launcher:
     ) -> None:
         self.cfg = cfg
         self.topo = topo
+        self.specs = specs
         self.keys = RunKeys(run)
         self.out = out
         self.redis_url = redis_url
@@ -226,28 +229,30 @@ class Launcher:
         return Replay(self.topo, setting, t0, self.cfg.target_loss)
 
     # -- following the run ------------------------------------------------------------------------
+    def _feed(
+        self, entries: list[tuple[str, dict[str, Any]]], metrics: TextIO, *, t0: float | None = None
+    ) -> bool:
+        """Replay ``entries`` and write them to metrics.jsonl. Time zero is the first start
+        event (or ``t0`` if there is none yet); without either, returns False, feeding nothing."""
+        if self.replay is None:
+            start = first_start(self.r, self.keys) or t0
+            if start is None:
+                return False
+            self.replay = self._new_replay(start)
+        for _, rec in entries:
+            metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+        return True
+
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"
         failure: str | None = None
-        t0: float | None = None
         pending: list[tuple[str, dict[str, Any]]] = []
         while True:
             entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
             if entries:
                 cursor = entries[-1][0]
                 pending.extend(entries)
-            if pending and t0 is None:
-                t0 = first_start(self.r, self.keys)
-                if t0 is not None:
-                    self.replay = Replay(
-                        self.topo,
-                        self.cfg.protocol_settings().gap_setting,
-                        t0,
-                        self.cfg.target_loss,
-                    )
-            if self.replay is not None:
-                for _, rec in pending:
-                    metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+            if pending and self._feed(pending, metrics):
                 pending.clear()
             for p in self.procs:
                 if p.code is None:
@@ -261,16 +266,8 @@ class Launcher:
         if failure is None:  # drain what the last workers wrote before exiting
             while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
                 cursor = entries[-1][0]
-                if self.replay is None:
-                    t0 = first_start(self.r, self.keys) or self.t_start
-                    self.replay = Replay(
-                        self.topo,
-                        self.cfg.protocol_settings().gap_setting,
-                        t0,
-                        self.cfg.target_loss,
-                    )
-                for _, rec in entries:
-                    metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+                pending.extend(entries)
+            self._feed(pending, metrics, t0=self.t_start)
         return Outcome(self._summary(failure), failure)
 
     def _summary(self, failure: str | None) -> dict[str, Any]:
@@ -286,14 +283,11 @@ class Launcher:
                     results[i] = results_i
         finished = failure is None and all("final_accuracy" in r for r in results.values())
         finished = finished and len(results) == self.topo.n
-        s = self.cfg.protocol_settings()
-        specs_bound = (
-            None
-            if s.max_ig <= 0
-            else (1 + s.max_ig) * max(self.topo.in_degree(i) for i in range(self.topo.n))
-        )
+        bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
         token_check = (
-            token_invariant_violations(self.r, self.keys, self.topo, s.max_ig) if finished else 0
+            token_invariant_violations(self.r, self.keys, self.topo, self.cfg.max_ig)
+            if finished
+            else 0
         )
         ends = [r["t"] for r in results.values() if "t" in r]
         wall = (max(ends) - self.replay.t0) if ends and finished else time.time() - self.replay.t0
@@ -306,7 +300,7 @@ class Launcher:
             finished=finished,
             runtime_s=time.time() - self.t_start,
             token_check=token_check,
-            update_queue_bound=specs_bound,
+            update_queue_bound=max(bounds) if bounds else None,
             failure=failure,
         )
 
@@ -322,7 +316,7 @@ def train(
     """Check everything, run, write summary.json; raises UserError for bad input."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        cfg, topo = check_inputs(cfg)
+        cfg, topo, specs = check_inputs(cfg)
     for w in seen:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if redis_url is not None:
@@ -334,10 +328,12 @@ def train(
         raise ConfigError(
             f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
         )
-    launcher = Launcher(cfg, topo, run=keys.run, out=out, redis_url=redis_url, on_update=on_update)
+    launcher = Launcher(
+        cfg, topo, specs, run=keys.run, out=out, redis_url=redis_url, on_update=on_update
+    )
     outcome = launcher.run()
     (out / "summary.json").write_text(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
     return launcher, outcome
 
 
-__all__ = ["Launcher", "Outcome", "RunFailure", "redact", "train"]
+__all__ = ["Launcher", "Outcome", "check_inputs", "train"]

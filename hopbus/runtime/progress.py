@@ -17,8 +17,9 @@ from typing import Any
 import redis
 
 from hopbus.coord.keys import RunKeys
+from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
-from hopbus.summary import RunStats, gap_summary
+from hopbus.summary import RunStats, progress_summary
 from hopbus.topology import GapSetting, Topology
 
 _INTS = ("worker", "iter", "jump")
@@ -158,11 +159,7 @@ def summarize_run(
         "finished": finished,
         "deadlocked": False,
         "failure": failure,
-        "iterations": replay.stats.iterations_summary(),
-        "iter_time_s": replay.stats.iter_time(),
-        **gap_summary(replay.monitor),
-        "jumps": replay.stats.jumps,
-        "skipped_iterations": replay.stats.skipped,
+        **progress_summary(replay.stats, replay.monitor),
         "stale_dropped": total("stale_dropped"),
         "max_update_queue": max((int(r.get("max_update_queue", 0)) for r in res), default=0),
         "update_queue_bound": update_queue_bound,
@@ -198,11 +195,8 @@ def token_invariant_violations(
     if max_ig <= 0:
         return 0
     iters = [int(v or 0) for v in client.mget([keys.iter(i) for i in range(topo.n)])]
-    pipe = client.pipeline(transaction=False)
-    edges = [(j, i) for i in range(topo.n) for j in topo.out_peers[i]]
-    for j, i in edges:
-        pipe.llen(keys.tok(j, i))
-    sizes = pipe.execute()
+    edges = token_edges(topo)
+    sizes = queue_sizes(client, keys, edges)
     return sum(
         int(size != iters[j] - iters[i] + max_ig) for (j, i), size in zip(edges, sizes, strict=True)
     )

@@ -70,6 +70,7 @@ from hopbus.transport import (
     Validator,
     encode_ack,
     encode_update,
+    hwm_for,
     layout_of,
 )
 
@@ -161,10 +162,6 @@ class Worker:
             layout=layout_of(self.trainer.params),
             max_iteration=cfg.iterations,
         )
-        # High-water marks are per connection in ZeroMQ. No neighbour ever has more updates
-        # outstanding towards us than our store has slots (Table 1), nor more ACKs, so valid
-        # messages never reach the mark, and a stuck peer holds at most this many in memory.
-        per_peer = s.store_slots + 2
         self.ctx = zmq.Context()
         try:
             self.inbox = Inbox(
@@ -172,7 +169,7 @@ class Worker:
                 self.bind,
                 validator,
                 self._deliver,
-                hwm=per_peer * (2 if self.acks else 1),
+                hwm=hwm_for(s.store_slots, acks=self.acks),
             )
         except TransportError as exc:
             raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
@@ -185,7 +182,10 @@ class Worker:
         ).start()
         peers = sorted(set(s.out_peers) | (set(s.in_peers) if self.acks else set()))
         self.outbox = Outbox(
-            self.ctx, self._wait_endpoints(peers), hwm=per_peer, send_timeout_s=self.timeout
+            self.ctx,
+            self._wait_endpoints(peers),
+            hwm=hwm_for(s.store_slots),
+            send_timeout_s=self.timeout,
         )
 
     def _wait_endpoints(self, peers: Sequence[int]) -> dict[int, str]:

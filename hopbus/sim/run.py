@@ -8,7 +8,7 @@ from typing import Any
 from hopbus.config import RunConfig
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.sim.engine import SimResult, Simulation
-from hopbus.summary import gap_summary
+from hopbus.summary import progress_summary
 from hopbus.topology import Topology
 
 
@@ -44,11 +44,7 @@ def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, An
         "wall_s": result.virtual_s,
         "finished": result.finished,
         "deadlocked": result.deadlocked,
-        "iterations": result.stats.iterations_summary(),
-        "iter_time_s": result.stats.iter_time(),
-        **gap_summary(result.monitor),
-        "jumps": result.stats.jumps,
-        "skipped_iterations": result.stats.skipped,
+        **progress_summary(result.stats, result.monitor),
         "stale_dropped": c["stale_dropped"],
         "max_update_queue": max(result.store_peak),
         "update_queue_bound": max(bounds) if bounds else None,

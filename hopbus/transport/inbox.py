@@ -5,9 +5,10 @@ owner's callback, so a worker's Compute never waits on the network and a peer's 
 never fatal. Every in-neighbour's PUSH connects here; ZeroMQ fair-queues among them.
 
 Sizing (see ``hwm_for``): ZeroMQ's high-water mark is per connected peer, so ``hwm`` bounds
-each in-neighbour's queue, not the inbox's total. The protocol never lets a sender have more than
-``1 + max_ig`` updates outstanding towards one receiver, so with ``hwm`` at least that (plus
-slack for acks) the mark is never reached under correct operation and no valid update waits.
+each in-neighbour's queue, not the inbox's total. The protocol never lets a sender have more
+updates outstanding towards one receiver than the receiver's store has slots (Table 1), so with
+``hwm`` at least that (plus ACKs and slack) the mark is never reached under correct operation
+and no valid update waits.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ POLL_MS = 100  # how long close() may wait for the receiver thread to notice
 DRAIN_BATCH = 64  # messages taken per wake-up before checking for close() again
 
 
-def hwm_for(max_ig: int, slack: int = 2) -> int:
-    """A high-water mark no correct run reaches: one peer's worst case of outstanding updates
-    (``1 + max_ig``, Table 1) plus slack for acks and the message in flight."""
-    return 1 + max_ig + slack
+def hwm_for(outstanding: int, *, acks: bool = False, slack: int = 2) -> int:
+    """A high-water mark no correct run reaches on one connection: the most updates a peer can
+    have outstanding towards a receiver (the receiver's store slots, from Table 1), as many ACKs
+    again in notify-ack mode, plus slack for the message in flight."""
+    return (outstanding + slack) * (2 if acks else 1)
 
 
 class Inbox:

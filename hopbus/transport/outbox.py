@@ -4,10 +4,11 @@ One socket per peer, never one PUSH connected to many: PUSH round-robins among i
 shared socket would hand each update to one neighbour instead of all of them.
 
 Sizing ``hwm``: the protocol bounds how many updates a worker can have outstanding towards one
-neighbour (``1 + max_ig`` by Table 1; acks are one per iteration and just as bounded), so the
-runtime passes that plus a small slack (``inbox.hwm_for``). Under correct operation the mark is
-then never reached, no valid message waits, and a send that does block past ``send_timeout_s``
-means the peer is gone or stuck: ``TransportError``, not a silent drop (PUSH never drops).
+neighbour (at most the receiver's store slots, by Table 1; acks are one per iteration and just
+as bounded), so the runtime passes that plus a small slack (``inbox.hwm_for``). Under correct
+operation the mark is then never reached, no valid message waits, and a send that does block
+past ``send_timeout_s`` means the peer is gone or stuck: ``TransportError``, not a silent drop
+(PUSH never drops).
 """
 
 from __future__ import annotations

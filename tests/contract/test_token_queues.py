@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hopbus.coord.keys import RunKeys
-from hopbus.coord.tokens import RedisTokenQueues, TokenWaitTimeoutError
+from hopbus.coord.tokens import RedisTokenQueues
 from hopbus.protocol.tokens import TokenLedger
 
 _runs = itertools.count()
@@ -85,10 +85,10 @@ def test_random_sequences_agree(redis_client, seq):
             assert mem.size(o, t) == red.size(o, t)
 
 
-# -- what only Redis has: the blocking take a real worker uses -----------------------------------
+# -- what only Redis has: the blocking pop a worker uses while a queue is short -------------
 
 
-def test_blocking_take_waits_for_a_put_from_another_client(redis_url, redis_client):
+def test_blocking_pop_waits_for_a_put_from_another_client(redis_url, redis_client):
     import redis
 
     keys = RunKeys(f"contract-{next(_runs)}")
@@ -109,19 +109,16 @@ def test_blocking_take_waits_for_a_put_from_another_client(redis_url, redis_clie
     t = threading.Thread(target=put_later)
     t.start()
     started.set()
-    taker.take_blocking([1, 2], 0, 1, patience=10)
+    assert taker.pop_one(2, 0, timeout=10)
     t.join()
     other.close()
-    assert taker.size(1, 0) == 0 and taker.size(2, 0) == 0
+    assert taker.size(1, 0) == 1 and taker.size(2, 0) == 0  # only the queue asked for
 
 
-def test_blocking_take_gives_up_naming_the_owner(redis_client):
+def test_blocking_pop_gives_up_after_its_timeout(redis_client):
     keys = RunKeys(f"contract-{next(_runs)}")
     q = RedisTokenQueues(redis_client, keys)
     q.put(1, 0, 5)
-    seen = []
-    with pytest.raises(TokenWaitTimeoutError) as info:
-        q.take_blocking([1, 3], 0, 2, patience=0.6, on_wait=lambda o, w: seen.append(o))
-    assert info.value.owner == 3
-    assert seen and set(seen) == {3}
-    assert q.size(1, 0) == 3  # the tokens of queues already served stay taken
+    assert not q.pop_one(3, 0, timeout=0.3)
+    assert q.size(1, 0) == 5 and q.size(3, 0) == 0
+    assert q.pop_one(1, 0, timeout=0.3) and q.size(1, 0) == 4
