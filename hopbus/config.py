@@ -16,10 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hopbus import heterogeneity
+from hopbus.baselines.spec import SchemeSettings, default_group_size
+from hopbus.baselines.spec import check as check_scheme
 from hopbus.errors import ConfigError
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.spec import ProtocolSettings
-from hopbus.topology import Topology
+from hopbus.topology import GapSetting, Topology
 from hopbus.topology.graphs import SIZED
 from hopbus.userfiles import read_text
 
@@ -39,7 +41,7 @@ class RunConfig(BaseModel):
         "names for hierarchical:... and file:...).",
     )
     topology: str = Field("ring-based", description="Communication graph.")
-    mode: Mode = Field(Mode.STANDARD, description="Recv rule.")
+    mode: Mode = Field(Mode.STANDARD, description="Recv rule, or a related scheme.")
     backup: int | tuple[int, ...] = Field(
         1,
         description="Backup workers N_buw per worker (backup, hybrid): one value, or one per "
@@ -74,6 +76,19 @@ class RunConfig(BaseModel):
         allow_inf_nan=False,
         description="Each message takes up to (1 + jitter) x latency.",
     )
+    lookahead: int = Field(
+        15,
+        description="ps-elastic: future iterations per worker ZipLine weighs when it picks the "
+        "next barrier (R).",
+    )
+    group_size: int | None = Field(
+        None,
+        description="wagma: workers averaged together each iteration (S, a power of two; 1 = "
+        "local SGD). Default: the power of two nearest above sqrt(workers).",
+    )
+    sync_period: int = Field(
+        10, description="wagma: iterations between blocking global averages (tau)."
+    )
 
     @field_validator("backup", mode="before")
     @classmethod
@@ -100,9 +115,42 @@ class RunConfig(BaseModel):
         return ProtocolSettings(**{name: getattr(self, name) for name in shared})
 
     def build_topology(self) -> tuple[RunConfig, Topology]:
-        """Build the graph and return the config with ``workers`` filled in from it."""
-        topo = topology_for(self.topology, self.workers, self.default_workers())
-        return self.model_copy(update={"workers": topo.n}), topo
+        """Build the graph and return the config with ``workers`` filled in from it (and, for
+        wagma, ``group_size``). The related schemes ignore ``--topology``: everyone depends on
+        everyone (through the parameter server, or the global average), a complete graph."""
+        if self.mode.is_hop:
+            topo = topology_for(self.topology, self.workers, self.default_workers())
+            return self.model_copy(update={"workers": topo.n}), topo
+        n = self.workers if self.workers is not None else self.default_workers()
+        topo = topology_for("complete", n)
+        update: dict[str, Any] = {"workers": topo.n}
+        if self.mode is Mode.WAGMA and self.group_size is None:
+            update["group_size"] = default_group_size(topo.n)
+        cfg = self.model_copy(update=update)
+        check_scheme(cfg.scheme_settings())
+        return cfg, topo
+
+    def scheme_settings(self) -> SchemeSettings:
+        """The related schemes' knobs (``workers`` must be filled in: see build_topology)."""
+        assert self.workers is not None, "call build_topology first"
+        if self.mode is Mode.PS_BACKUP and not isinstance(self.backup, int):
+            raise ConfigError("--backup takes one number with --mode ps-backup (b of the N+b)")
+        return SchemeSettings(
+            mode=self.mode,
+            workers=self.workers,
+            iterations=self.iterations,
+            backup=self.backup if isinstance(self.backup, int) else 0,
+            staleness=self.staleness,
+            lookahead=self.lookahead,
+            group_size=self.group_size or default_group_size(self.workers),
+            sync_period=self.sync_period,
+        )
+
+    def gap_setting(self) -> GapSetting:
+        """What Table 1 (or the scheme's own bound) depends on, for the gap monitor."""
+        if self.mode.is_hop:
+            return self.protocol_settings().gap_setting
+        return GapSetting(self.mode, staleness=self.staleness, period=self.sync_period)
 
     @classmethod
     def default_workers(cls) -> int:

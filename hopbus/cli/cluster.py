@@ -38,6 +38,9 @@ def train_cmd(
     slowdown: o.Slowdown = None,
     seed: o.Seed = None,
     approach: o.ApproachOpt = None,
+    lookahead: o.Lookahead = None,
+    group_size: o.GroupSize = None,
+    sync_period: o.SyncPeriod = None,
     model: o.Model = None,
     data: o.Data = None,
     hidden: o.Hidden = None,
@@ -114,25 +117,8 @@ def worker_cmd(
         int, typer.Option("--id", envvar="HOPBUS_ID", help="This worker's id, 0..N-1.")
     ],
     redis: o.RedisUrl = None,
-    bind: Annotated[
-        str,
-        typer.Option(
-            "--bind",
-            envvar="HOPBUS_BIND",
-            help="ZeroMQ address of this worker's inbox; port * = any free port. Use "
-            "tcp://*:PORT with --advertise in containers and on several hosts.",
-        ),
-    ] = "tcp://127.0.0.1:*",
-    advertise: Annotated[
-        str | None,
-        typer.Option(
-            "--advertise",
-            envvar="HOPBUS_ADVERTISE",
-            help="Host name or address neighbours use to reach this worker [default: the bound "
-            "address, or this host's name when bound to *].",
-            show_default=False,
-        ),
-    ] = None,
+    bind: o.Bind = o.DEFAULT_BIND,
+    advertise: o.Advertise = None,
     timeout: o.Timeout = None,
 ) -> None:
     """Run one worker of a run: the unit a container runs, started N times by `hopbus train`.
@@ -141,18 +127,56 @@ def worker_cmd(
     neighbours, reports its final accuracy, and exits 0. If Redis or a neighbour cannot be
     reached within --timeout it prints what it waited for and exits 1.
     """
-    from hopbus.runtime.worker import Worker, report_failure
+    from hopbus.runtime.join import worker_for
+    from hopbus.runtime.worker import report_failure
 
     _sigterm_as_interrupt()
     url = redis or DEFAULT_URL
-    w = Worker(run, worker_id, url, bind=bind, advertise=advertise, timeout=timeout)
     try:
+        w = worker_for(run, worker_id, url, bind=bind, advertise=advertise, timeout=timeout)
         result = w.run_loop()
     except UserError as exc:
         report_failure(url, run, worker_id, str(exc))
         raise
     print(
         f"hopbus: worker {worker_id} finished {result['iterations']} iterations, test accuracy "
+        f"{result['final_accuracy']:.4f}"
+    )
+
+
+@app.command("ps")
+def ps_cmd(
+    run: Annotated[
+        str,
+        typer.Option(
+            "--run", "-r", envvar="HOPBUS_RUN", help="Run id to serve (its config is in Redis)."
+        ),
+    ],
+    redis: o.RedisUrl = None,
+    bind: o.Bind = o.DEFAULT_BIND,
+    advertise: o.Advertise = None,
+    timeout: o.Timeout = None,
+) -> None:
+    """Run the parameter server of a --mode ps-* run: the service compose runs next to the
+    workers, started by `hopbus train` for local runs.
+
+    Holds the parameters, applies the workers' gradients as the run's mode says (ps-bsp, ps-ssp,
+    ps-asp, ps-backup, ps-elastic), answers each worker with the new parameters, and exits 0
+    when every worker has been told to finish. Node id N of a run of N workers.
+    """
+    from hopbus.runtime.ps_server import ParameterServer
+    from hopbus.runtime.worker import report_failure
+
+    _sigterm_as_interrupt()
+    url = redis or DEFAULT_URL
+    ps = ParameterServer(run, url, bind=bind, advertise=advertise, timeout=timeout)
+    try:
+        result = ps.run_loop()
+    except UserError as exc:
+        report_failure(url, run, ps.node, str(exc))
+        raise
+    print(
+        f"hopbus: parameter server applied {result['versions']} updates, test accuracy "
         f"{result['final_accuracy']:.4f}"
     )
 

@@ -64,7 +64,10 @@ ModeOpt = Annotated[
         extra=(
             "standard: every in-neighbour's update of this iteration (Fig. 4); notify-ack: "
             "standard plus ACKs (Sec. 3.3); backup: all but --backup of them (Fig. 8); "
-            "staleness: each neighbour's newest, at most --staleness old (Fig. 9); hybrid: both."
+            "staleness: each neighbour's newest, at most --staleness old (Fig. 9); hybrid: both. "
+            "Related schemes (hopbus train), for comparison: ps-bsp, ps-ssp (--staleness), "
+            "ps-asp, ps-backup (--backup of the --workers), ps-elastic (--lookahead), wagma "
+            "(--group-size, --sync-period); see docs/schemes.md."
         ),
     ),
 ]
@@ -118,6 +121,10 @@ ApproachOpt = Annotated[
         ),
     ),
 ]
+PANEL_SCHEMES = "Related schemes"
+Lookahead = Annotated[int | None, _opt("lookahead", panel=PANEL_SCHEMES)]
+GroupSize = Annotated[int | None, _opt("group_size", panel=PANEL_SCHEMES)]
+SyncPeriod = Annotated[int | None, _opt("sync_period", panel=PANEL_SCHEMES)]
 ComputeTime = Annotated[float | None, _opt("compute_time", panel=PANEL_SIM)]
 Latency = Annotated[float | None, _opt("latency", panel=PANEL_SIM)]
 Jitter = Annotated[float | None, _opt("jitter", panel=PANEL_SIM)]
@@ -168,6 +175,28 @@ RunId = Annotated[
         rich_help_panel=PANEL_CLUSTER,
     ),
 ]
+DEFAULT_BIND = "tcp://127.0.0.1:*"
+Bind = Annotated[
+    str,
+    typer.Option(
+        "--bind",
+        envvar="HOPBUS_BIND",
+        help="ZeroMQ address of this process's inbox; port * = any free port. Use "
+        "tcp://*:PORT with --advertise in containers and on several hosts.",
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
+Advertise = Annotated[
+    str | None,
+    typer.Option(
+        "--advertise",
+        envvar="HOPBUS_ADVERTISE",
+        help="Host name or address peers use to reach this process [default: the bound "
+        "address, or this host's name when bound to *].",
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
 ConfigFile = Annotated[
     Path | None,
     typer.Option(
@@ -211,16 +240,24 @@ def resolve(
 
 def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
     """Say so when a flag was given that the chosen mode ignores."""
+    m, hop = cfg.mode, cfg.mode.is_hop
     unused = {
-        "backup": not cfg.mode.uses_backup,
-        "staleness": not cfg.mode.uses_staleness,
-        "skip_trigger": cfg.skip_max < 2,
+        "backup": not (m.uses_backup or m is Mode.PS_BACKUP),
+        "staleness": not (m.uses_staleness or m is Mode.PS_SSP),
+        "skip_trigger": hop and cfg.skip_max < 2,
+        "topology": not hop,
+        "max_ig": not hop,
+        "skip_max": not hop,
+        "approach": not hop,
+        "lookahead": m is not Mode.PS_ELASTIC,
+        "group_size": m is not Mode.WAGMA,
+        "sync_period": m is not Mode.WAGMA,
     }
     for field, ignored in unused.items():
         if ignored and given.get(field) is not None:
             why = (
                 "without --skip-max 2 or more"
-                if field == "skip_trigger"
+                if field == "skip_trigger" and hop
                 else f"with --mode {cfg.mode}"
             )
             warnings.warn(f"{flag_of(field)} has no effect {why}", UserWarning, stacklevel=2)

@@ -81,8 +81,22 @@ def topology(console: Console, rep: dict[str, Any]) -> None:
     console.print(bt)
 
 
+_SCHEME_KNOBS = {
+    "ps-bsp": (),
+    "ps-ssp": ("staleness",),
+    "ps-asp": (),
+    "ps-backup": ("backup",),
+    "ps-elastic": ("lookahead",),
+    "wagma": ("group_size", "sync_period"),
+}
+
+
 def _describe_mode(cfg: dict[str, Any]) -> str:
     mode = cfg["mode"]
+    if mode in _SCHEME_KNOBS:
+        where = "parameter server" if mode.startswith("ps-") else "no server"
+        knobs = ", ".join(f"{k}={cfg[k]}" for k in _SCHEME_KNOBS[mode])
+        return f"{where}, {mode}" + (f" ({knobs})" if knobs else "")
     parts = []
     if mode in ("backup", "hybrid"):
         parts.append(f"N_buw={cfg['backup']}")
@@ -94,13 +108,19 @@ def _describe_mode(cfg: dict[str, Any]) -> str:
     return f"{mode} ({', '.join(parts)})"
 
 
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def summary(console: Console, s: dict[str, Any]) -> None:
     cfg = s["config"]
     it = s["iter_time_s"]
     unit = "virtual s" if s["virtual"] else "s"
     _line(
         console,
-        f"[bold]{s['workers']} workers[/], {cfg['topology']}, {_describe_mode(cfg)}, "
+        f"[bold]{s['workers']} workers[/], "
+        + (f"{cfg['topology']}, " if cfg["mode"] not in _SCHEME_KNOBS else "")
+        + f"{_describe_mode(cfg)}, "
         f"slowdown {cfg['slowdown']}, {cfg['iterations']} iterations",
     )
     rows: list[tuple[str, str]] = []
@@ -127,32 +147,45 @@ def summary(console: Console, s: dict[str, Any]) -> None:
         )
     rows.append(("iterations", f"min {s['iterations']['min']}, max {s['iterations']['max']}"))
     g, b = s["max_gap"], s["gap_bound"]
+    hop = cfg["mode"] not in _SCHEME_KNOBS
     viol = s["violations"]
     vtext = "[green]0[/]" if viol == 0 else f"[red]{viol}[/]"
     rows.append(
         (
             "iteration gap",
-            f"adjacent {g['adjacent']} (Table 1 bound "
+            f"adjacent {g['adjacent']} ({'Table 1 bound' if hop else 'bound'} "
             f"{_bound(b['adjacent'])}), any pair {g['any_pair']} (bound "
             f"{_bound(b['any_pair'])}); violations {vtext}",
         )
     )
-    qb = s.get("update_queue_bound")
-    rows.append(
-        (
-            "update queue",
-            f"largest {s['max_update_queue']} updates held"
-            + (f" (bound {qb})" if qb is not None else ""),
+    if hop:
+        qb = s.get("update_queue_bound")
+        rows.append(
+            (
+                "update queue",
+                f"largest {s['max_update_queue']} updates held"
+                + (f" (bound {qb})" if qb is not None else ""),
+            )
         )
-    )
-    rows.append(
-        (
-            "traffic",
-            f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
-            f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+        rows.append(
+            (
+                "traffic",
+                f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
+                f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+            )
         )
-    )
-    if cfg["skip_max"] >= 2:
+    else:
+        counters = (s.get("scheme") or {}).get("counters") or {}
+        text = ", ".join(
+            f"{k} {_num(v)}" for k, v in counters.items() if k not in ("cpu_s",) and v is not None
+        )
+        rows.append((cfg["mode"], text or "no counters reported"))
+    waiting = s.get("waiting") or {}
+    if waiting.get("per_iteration_s") is not None:
+        rows.append(
+            ("waiting", f"{waiting['per_iteration_s']:.4f} {unit} per worker-iteration, blocked")
+        )
+    if hop and cfg["skip_max"] >= 2:
         rows.append(("jumps", f"{s['jumps']} jumps, skipping {s['skipped_iterations']} iterations"))
     if not s["virtual"]:
         drops = s.get("dropped_frames") or {}

@@ -14,7 +14,11 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:events | stream | start, finish, error, stop |
 | hop:{R}:hb:I | string + TTL | worker I's heartbeat |
 | hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
-| hop:{R}:result | hash | worker id -> JSON of its final evaluation |
+| hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
+| hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
+
+A parameter server (``--mode ps-*``) is node N of a run of N workers: its endpoint, heartbeat
+and result use id N.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class RunKeys:
 
     def stats(self, worker: int) -> str:
         return f"{self.prefix}stats:{worker}"
+
+    def group(self, iteration: int, first: int) -> str:
+        return f"{self.prefix}group:{iteration}:{first}"
 
 
 def run_of_key(key: str) -> str | None:

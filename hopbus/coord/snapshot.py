@@ -85,7 +85,7 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
         "max_any_pair": (max(it for _, it in known) - min(it for _, it in known))
         if known
         else None,
-        "bound": topo.table1(cfg.protocol_settings().gap_setting),
+        "bound": topo.table1(cfg.gap_setting()),
     }
     return {
         "run": keys.run,

@@ -70,6 +70,21 @@ class Trainer:
         self.params = self.opt.step(self.params, self._grads)
         self._grads = None
 
+    @property
+    def grads(self) -> Params:
+        """The last Compute's gradients (to push to a parameter server)."""
+        assert self._grads is not None, "no gradients before Compute"
+        return self._grads
+
+    def step(self, grads: Params) -> None:
+        """params := the optimizer's step along ``grads`` (a parameter server's update)."""
+        self.params = self.opt.step(self.params, grads)
+
+    def scale(self, total: Params, divisor: float) -> None:
+        """params := total / divisor (a group's or the global model average)."""
+        inv = np.float32(1.0 / divisor)
+        self.params = {name: a * inv for name, a in total.items()}
+
     def evaluate(self, *, full: bool = False) -> tuple[float, float]:
         """Test loss and accuracy: on the whole test set, or on the periodic subset."""
         if full:

@@ -33,12 +33,14 @@ from hopbus.coord.runs import create_run, set_status
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.modes import Family
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
     Replay,
     first_start,
     read_entries,
+    scheme_summary,
     summarize_run,
     token_invariant_violations,
 )
@@ -54,11 +56,12 @@ def new_run_id(cfg: TrainConfig) -> str:
 
 def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
     """Everything a worker would refuse, refused here once, before any process starts.
-    Returns the config with its worker count, the graph and every worker's spec."""
+    Returns the config with its worker count, the graph and every Hop worker's spec (none for
+    the related schemes, whose settings build_topology checks)."""
     cfg2, topo = cfg.build_topology()
     assert isinstance(cfg2, TrainConfig)
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
-    specs = plan(cfg2.protocol_settings(), topo)  # warnings shown once, here
+    specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
     Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).check_links(
         topo.graph.has_edge, topo.name
     )
@@ -94,6 +97,10 @@ class Proc:
     popen: subprocess.Popen
     log: Path
     code: int | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"worker {self.worker}"
 
 
 @dataclass
@@ -118,9 +125,9 @@ def _last_line(path: Path) -> str:
 def _why(p: Proc) -> str:
     code = p.code
     if code is not None and code < 0:
-        return f"worker {p.worker} was killed by {signal.Signals(-code).name}"
+        return f"{p.name} was killed by {signal.Signals(-code).name}"
     line = _last_line(p.log)
-    return line or f"worker {p.worker} exited with status {code} (see {p.log})"
+    return line or f"{p.name} exited with status {code} (see {p.log})"
 
 
 class Launcher:
@@ -162,28 +169,27 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_") or k == ENV}
         env["HOPBUS_REDIS"] = self.url  # not on the command line: it may hold a password
-        for i in range(self.topo.n):
-            log = logs / f"worker-{i}.log"
-            with log.open("wb") as fh:
-                popen = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "hopbus",
-                        "worker",
-                        "--run",
-                        self.keys.run,
-                        "--id",
-                        str(i),
-                    ],
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,  # Ctrl-C reaches the launcher only; it forwards
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509
-                )
-            self.procs.append(Proc(i, popen, log))
+        n = self.topo.n
+        if self.cfg.mode.family is Family.PS:  # node N: the parameter server
+            self._start(
+                ["ps", "--run", self.keys.run], logs / "ps.log", env, n, "the parameter server"
+            )
+        for i in range(n):
+            args = ["worker", "--run", self.keys.run, "--id", str(i)]
+            self._start(args, logs / f"worker-{i}.log", env, i, f"worker {i}")
+
+    def _start(self, args: list[str], log: Path, env: dict[str, str], node: int, name: str) -> None:
+        with log.open("wb") as fh:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "hopbus", *args],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches the launcher only; it forwards
+                preexec_fn=_die_with_parent,  # noqa: PLW1509
+            )
+        self.procs.append(Proc(node, popen, log, name=name))
 
     def stop_workers(self) -> None:
         live = [p for p in self.procs if p.popen.poll() is None]
@@ -225,7 +231,7 @@ class Launcher:
                 self.broker.stop()
 
     def _new_replay(self, t0: float) -> Replay:
-        setting = self.cfg.protocol_settings().gap_setting
+        setting = self.cfg.gap_setting()
         return Replay(self.topo, setting, t0, self.cfg.target_loss)
 
     # -- following the run ------------------------------------------------------------------------
@@ -275,6 +281,7 @@ class Launcher:
             self.replay = self._new_replay(self.t_start)
         raw = self.r.hgetall(self.keys.result)
         results = {int(k): json.loads(v) for k, v in raw.items()}
+        server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
         for i in range(self.topo.n):  # a worker that did not finish: its last counters
             if i not in results:
                 stats = self.r.hgetall(self.keys.stats(i))
@@ -286,12 +293,12 @@ class Launcher:
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
         token_check = (
             token_invariant_violations(self.r, self.keys, self.topo, self.cfg.max_ig)
-            if finished
+            if finished and self.cfg.mode.is_hop
             else 0
         )
         ends = [r["t"] for r in results.values() if "t" in r]
         wall = (max(ends) - self.replay.t0) if ends and finished else time.time() - self.replay.t0
-        return summarize_run(
+        summary = summarize_run(
             self.cfg.public(),
             self.topo,
             self.replay,
@@ -303,6 +310,8 @@ class Launcher:
             update_queue_bound=max(bounds) if bounds else None,
             failure=failure,
         )
+        summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
+        return summary
 
 
 def train(

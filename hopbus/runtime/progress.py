@@ -19,6 +19,7 @@ import redis
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
+from hopbus.modes import Family, Mode
 from hopbus.summary import RunStats, progress_summary
 from hopbus.topology import GapSetting, Topology
 
@@ -86,6 +87,7 @@ class Replay:
         self.time_to_target: float | None = None
         self.entries = 0
         self.out_of_order = 0  # entries whose iteration did not move forward (must stay 0)
+        self.wait_s = 0.0  # summed over every entry: time workers spent blocked
 
     def feed(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Take one entry; returns it with ``t`` relative to the run's start."""
@@ -102,6 +104,7 @@ class Replay:
         v.iteration, v.t = it, t
         v.loss = rec.get("loss", v.loss)
         v.wait_s = rec.get("wait_s", 0.0)
+        self.wait_s += v.wait_s
         v.blocked_on = rec.get("blocked_on", [])
         if "eval_loss" in rec:
             v.eval_loss, v.eval_accuracy = rec["eval_loss"], rec.get("eval_accuracy")
@@ -184,7 +187,43 @@ def summarize_run(
         "final_accuracy": _mean([r.get("final_accuracy") for r in res]),
         "per_worker": res,
         "time_to_target": replay.time_to_target,
+        "waiting": {
+            "total_s": replay.wait_s,
+            "per_iteration_s": replay.wait_s / advanced
+            if (advanced := sum(replay.stats.iterations))
+            else None,
+        },
     }
+
+
+SCHEME_COUNTERS = {
+    Family.HOP: ("stale_dropped", "sends_skipped"),
+    Family.WAGMA: (
+        "group_rounds",
+        "activations",
+        "passive_contributions",
+        "stale_merges",
+        "global_averages",
+    ),
+}
+
+
+def scheme_summary(
+    mode: Mode, results: dict[int, dict[str, Any]], server: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The summary's ``scheme`` object: the mode, its family, and the scheme's own counters
+    (a parameter server's from its report; the workers' summed otherwise)."""
+    family = mode.family
+    if family is Family.PS:
+        counters = {k: v for k, v in (server or {}).items() if k not in _PS_NOT_COUNTERS}
+    else:
+        counters = {
+            k: sum(int(r.get(k, 0)) for r in results.values()) for k in SCHEME_COUNTERS[family]
+        }
+    return {"mode": str(mode), "family": str(family), "counters": counters}
+
+
+_PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy")
 
 
 def token_invariant_violations(

@@ -6,7 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hopbus.config import RunConfig
+from hopbus.errors import ConfigError
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.modes import HOP_MODES
 from hopbus.sim.engine import SimResult, Simulation
 from hopbus.summary import progress_summary
 from hopbus.topology import Topology
@@ -17,6 +19,11 @@ def prepare(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[RunConfig, Simulation]:
     """Build and validate everything a simulation needs; raises UserError on bad input."""
+    if not cfg.mode.is_hop:
+        raise ConfigError(
+            f"--mode {cfg.mode} runs on the cluster (hopbus train); hopbus sim simulates Hop's "
+            "modes: " + ", ".join(HOP_MODES)
+        )
     cfg, topo = cfg.build_topology()
     het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
     het.check_links(topo.graph.has_edge, topo.name)

@@ -21,26 +21,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hopbus.modes import Mode
+from hopbus.modes import HOP_MODES, Mode
 
 INF = math.inf
 
 
 @dataclass(frozen=True)
 class GapSetting:
-    """The protocol settings Table 1 depends on. ``max_ig == 0`` means no token queues."""
+    """The protocol settings Table 1 depends on. ``max_ig == 0`` means no token queues.
+
+    The related schemes run on a complete graph (everyone depends on everyone, through the
+    parameter server or the global average), so their bound is ``forward`` for every pair:
+    ps-bsp 1, ps-ssp ``staleness + 1`` (a worker waits at the bound *after* its push, still
+    counted in its last iteration), wagma ``period`` (the global average every tau
+    iterations); ps-asp, ps-backup and ps-elastic have none.
+    """
 
     mode: Mode
     staleness: int = 0
     max_ig: int = 0
+    period: int = 0  # wagma's sync period tau
 
     @property
     def forward(self) -> float:
         """b0: how far a worker may be ahead of an in-neighbour whose updates it needs."""
-        if self.mode in (Mode.STANDARD, Mode.NOTIFY_ACK):
+        if self.mode in (Mode.STANDARD, Mode.NOTIFY_ACK, Mode.PS_BSP):
             return 1
-        if self.mode is Mode.STALENESS:
+        if self.mode in (Mode.STALENESS, Mode.PS_SSP):
             return self.staleness + 1
+        if self.mode is Mode.WAGMA:
+            return self.period
         return INF  # backup, hybrid: any particular in-neighbour may be left behind for good
 
     @property
@@ -54,8 +64,10 @@ class GapSetting:
     @property
     def label(self) -> str:
         base = str(self.mode)
-        if self.mode.uses_staleness:
+        if self.mode.uses_staleness or self.mode is Mode.PS_SSP:
             base += f"(s={self.staleness})"
+        if self.mode is Mode.WAGMA:
+            base += f"(tau={self.period})"
         return base + (f"+tokens(max_ig={self.max_ig})" if self.max_ig else "")
 
 
@@ -104,7 +116,7 @@ def token_queue_capacity(max_ig: int, path_i_to_j: int) -> int:
 
 def report_settings(staleness: int, max_ig: int) -> list[GapSetting]:
     """Every row of Table 1, as the ``hopbus topology`` report lists them."""
-    rows = [GapSetting(m, staleness=staleness) for m in Mode]
+    rows = [GapSetting(m, staleness=staleness) for m in HOP_MODES]
     if max_ig > 0:
         rows += [
             GapSetting(m, staleness=staleness, max_ig=max_ig)

@@ -15,7 +15,7 @@ reason from ``DROP_REASONS``, never anything else, so a bad frame is counted and
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +24,26 @@ import numpy as np
 import zmq
 
 WIRE_VERSION = 1
-KIND_UPDATE = "update"
-KIND_ACK = "ack"
-KINDS = (KIND_UPDATE, KIND_ACK)
+KIND_UPDATE = "update"  # Hop: a worker's parameters of iteration ``iter``
+KIND_ACK = "ack"  # Hop notify-ack
+KIND_GRAD = "grad"  # worker -> parameter server: gradient of iteration ``iter``, version ``tag``
+KIND_PARAMS = "params"  # parameter server -> worker: version ``tag``; enter iteration ``iter``
+KIND_ACTIVATE = "activate"  # wagma: the activator of group round ``iter`` asks for models
+KIND_CONTRIB = "contrib"  # wagma: a model for round ``iter``, after ``tag`` local steps
+KIND_SUM = "sum"  # wagma: round ``iter``'s group sum; ``meta``: each member's steps in it
+KIND_PHASE = "phase"  # wagma: partial sum of the global average of ``iter``, phase ``tag``
+KINDS = (
+    KIND_UPDATE,
+    KIND_ACK,
+    KIND_GRAD,
+    KIND_PARAMS,
+    KIND_ACTIVATE,
+    KIND_CONTRIB,
+    KIND_SUM,
+    KIND_PHASE,
+)
+TENSORLESS = frozenset({KIND_ACK, KIND_ACTIVATE})
+MAX_TAG = 2**31 - 1
 
 Params = dict[str, np.ndarray]
 """Named arrays in insertion order. Treated as immutable once built: they are sent zero-copy,
@@ -44,7 +61,7 @@ DROP_REASONS = (
     "wrong_run",
     "unknown_sender",  # src is not a worker id of this run
     "not_neighbour",  # a worker that may not send this kind to us
-    "bad_kind",
+    "bad_kind",  # not a kind this receiver takes
     "bad_iteration",  # iter not an int in [0, max_iteration]
     "bad_layout",  # tensors or frame count differ from the expected layout
     "wrong_length",  # a tensor frame's byte length is not prod(shape) * itemsize
@@ -64,12 +81,15 @@ class FrameError(Exception):
 
 @dataclass(slots=True)
 class Message:
-    """A validated message: an update carries the sender's parameters, an ack carries none."""
+    """A validated message: tensors in ``payload`` (None for the tensorless kinds), ``tag`` and
+    ``meta`` as the kind defines them (0 and () when absent)."""
 
     kind: str
     src: int
     iteration: int
     payload: Params | None
+    tag: int = 0
+    meta: tuple[int, ...] = ()
 
 
 _WIRE = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
@@ -93,30 +113,59 @@ def _tensor_buffer(a: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
 
 
-def _header(run: str, src: int, iteration: int, kind: str, tensors: list) -> bytes:
-    return msgpack.packb(
-        {
-            "v": WIRE_VERSION,
-            "run": run,
-            "src": src,
-            "iter": iteration,
-            "kind": kind,
-            "tensors": tensors,
-        },
-        use_bin_type=True,
-    )
+def _header(
+    run: str,
+    src: int,
+    iteration: int,
+    kind: str,
+    tensors: list,
+    tag: int = 0,
+    meta: Sequence[int] = (),
+) -> bytes:
+    head: dict[str, Any] = {
+        "v": WIRE_VERSION,
+        "run": run,
+        "src": src,
+        "iter": iteration,
+        "kind": kind,
+        "tensors": tensors,
+    }
+    if tag:
+        head["tag"] = tag
+    if meta:
+        head["meta"] = list(meta)
+    return msgpack.packb(head, use_bin_type=True)
+
+
+def encode(
+    run: str,
+    src: int,
+    iteration: int,
+    kind: str,
+    params: Params | None = None,
+    *,
+    tag: int = 0,
+    meta: Sequence[int] = (),
+) -> list:
+    """[header, one buffer per tensor]: the buffers are views of ``params``, not copies."""
+    if (params is None) != (kind in TENSORLESS):
+        has = "needs" if params is None else "takes no"
+        raise ValueError(f"a {kind} message {has} tensors")
+    if params is None:
+        return [_header(run, src, iteration, kind, [], tag, meta)]
+    tensors = [[name, a.dtype.name, list(a.shape)] for name, a in params.items()]
+    buffers = [_tensor_buffer(a) for a in params.values()]
+    return [_header(run, src, iteration, kind, tensors, tag, meta), *buffers]
 
 
 def encode_update(run: str, src: int, iteration: int, params: Params) -> list:
-    """[header, one buffer per tensor]: the buffers are views of ``params``, not copies."""
-    tensors = [[name, a.dtype.name, list(a.shape)] for name, a in params.items()]
-    buffers = [_tensor_buffer(a) for a in params.values()]
-    return [_header(run, src, iteration, KIND_UPDATE, tensors), *buffers]
+    """Hop's update: a worker's parameters of ``iteration``."""
+    return encode(run, src, iteration, KIND_UPDATE, params)
 
 
 def encode_ack(run: str, src: int, iteration: int) -> list[bytes]:
     """A notify-ack ACK: a header alone, with no tensors."""
-    return [_header(run, src, iteration, KIND_ACK, [])]
+    return encode(run, src, iteration, KIND_ACK)
 
 
 def _is_int(x: object) -> bool:
@@ -139,8 +188,11 @@ def _as_bytes(frame: object) -> memoryview:
 
 
 class Validator:
-    """Decodes and checks received messages against what this worker expects: its run, its
-    in-neighbours (updates) and out-neighbours (acks), the model's layout, the iteration range."""
+    """Decodes and checks received messages against what this worker expects: its run, who may
+    send it which kind (Hop: its in-neighbours' updates and out-neighbours' acks; ``accept``
+    adds other kinds and their senders), the model's layout, the iteration range.
+
+    ``n_workers`` counts every node id of the run (a parameter server is one more)."""
 
     def __init__(
         self,
@@ -150,13 +202,19 @@ class Validator:
         ack_from: Collection[int],
         layout: Layout,
         max_iteration: int,
+        *,
+        accept: Mapping[str, Collection[int]] | None = None,
     ) -> None:
         if n_workers < 1:
             raise ValueError("n_workers must be at least 1")
-        for peers in (update_from, ack_from):
+        senders = {KIND_UPDATE: update_from, KIND_ACK: ack_from, **(accept or {})}
+        for kind, peers in senders.items():
+            if kind not in KINDS:
+                raise ValueError(f"unknown message kind {kind!r}")
             bad = [p for p in peers if not (_is_int(p) and 0 <= p < n_workers)]
             if bad:
                 raise ValueError(f"peers {bad} are not worker ids in 0..{n_workers - 1}")
+        self.senders = {k: frozenset(v) for k, v in senders.items() if v}
         for name, dtype, shape in layout:
             if dtype not in ALLOWED_DTYPES:
                 raise ValueError(f"tensor {name!r}: dtype {dtype} is not allowed")
@@ -218,22 +276,33 @@ class Validator:
         if h["run"] != self.run:
             raise FrameError("wrong_run")
         kind = h["kind"]
-        if kind not in KINDS:
+        allowed = self.senders.get(kind)
+        if allowed is None:
             raise FrameError("bad_kind")
         src = h["src"]
         if not 0 <= src < self.n_workers:
             raise FrameError("unknown_sender", str(src))
-        if src not in (self.update_from if kind == KIND_UPDATE else self.ack_from):
+        if src not in allowed:
             raise FrameError("not_neighbour", f"{kind} from {src}")
         iteration = h["iter"]
         if not _is_int(iteration) or not 0 <= iteration <= self.max_iteration:
             raise FrameError("bad_iteration")
+        tag = h.get("tag", 0)
+        if not _is_int(tag) or not 0 <= tag <= MAX_TAG:
+            raise FrameError("bad_header", "tag")
+        meta = h.get("meta", [])
+        if (
+            type(meta) is not list
+            or len(meta) > self.n_workers
+            or not all(_is_int(m) and 0 <= m <= MAX_TAG for m in meta)
+        ):
+            raise FrameError("bad_header", "meta")
 
-        if kind == KIND_ACK:
+        if kind in TENSORLESS:
             if h["tensors"] or len(frames) != 1:
-                raise FrameError("bad_layout", "an ack carries no tensors")
-            return Message(KIND_ACK, src, iteration, None)
-        return Message(KIND_UPDATE, src, iteration, self._payload(h["tensors"], frames))
+                raise FrameError("bad_layout", f"a {kind} carries no tensors")
+            return Message(kind, src, iteration, None, tag, tuple(meta))
+        return Message(kind, src, iteration, self._payload(h["tensors"], frames), tag, tuple(meta))
 
     def _payload(self, tensors: list, frames: Sequence[Any]) -> Params:
         expect = self._expect

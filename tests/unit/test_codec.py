@@ -14,11 +14,16 @@ from hypothesis import strategies as st
 from hopbus.transport import (
     DROP_REASONS,
     KIND_ACK,
+    KIND_ACTIVATE,
+    KIND_GRAD,
+    KIND_PARAMS,
+    KIND_SUM,
     KIND_UPDATE,
     FrameError,
     Message,
     Params,
     Validator,
+    encode,
     encode_ack,
     encode_update,
     layout_of,
@@ -347,3 +352,57 @@ def near_valid(draw):
 @given(near_valid())
 def test_fuzz_near_valid_messages(frames):
     check_outcome(frames)
+
+
+# ---- the related schemes' kinds: tag, meta, who may send what -------------------------------
+
+
+def scheme_validator() -> Validator:
+    """A worker of a 4-worker PS run (the server is node 4) that also speaks WAGMA's kinds."""
+    return Validator(
+        RUN,
+        N,
+        (),
+        (),
+        LAYOUT,
+        MAX_ITER,
+        accept={KIND_PARAMS: (4,), KIND_ACTIVATE: (1, 2), KIND_SUM: (1, 2), KIND_GRAD: (0,)},
+    )
+
+
+def test_tag_and_meta_round_trip():
+    frames = encode(RUN, 1, 9, KIND_SUM, snapshot(), meta=[3, 10, 0])
+    msg = scheme_validator().decode(frames)
+    assert (msg.kind, msg.src, msg.iteration, msg.meta, msg.tag) == (KIND_SUM, 1, 9, (3, 10, 0), 0)
+    msg = scheme_validator().decode(encode(RUN, 4, 12, KIND_PARAMS, snapshot(), tag=11))
+    assert msg.tag == 11 and msg.payload is not None
+
+
+def test_activate_carries_no_tensors():
+    msg = scheme_validator().decode(encode(RUN, 2, 5, KIND_ACTIVATE))
+    assert msg.payload is None
+    with pytest.raises(ValueError, match="takes no tensors"):
+        encode(RUN, 2, 5, KIND_ACTIVATE, snapshot())
+    with pytest.raises(ValueError, match="needs tensors"):
+        encode(RUN, 4, 5, KIND_PARAMS)
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        (encode(RUN, 1, 7, KIND_UPDATE, snapshot()), "bad_kind"),  # not taken by this receiver
+        (encode(RUN, 3, 7, KIND_PARAMS, snapshot(), tag=1), "not_neighbour"),  # not the server
+        (encode(RUN, 0, 7, KIND_GRAD, snapshot(), tag=-1 % 2**40), "bad_header"),  # tag too big
+        (encode(RUN, 1, 7, KIND_SUM, snapshot(), meta=list(range(N + 1))), "bad_header"),
+        (encode(RUN, 1, 7, KIND_SUM, snapshot(), meta=[-1]), "bad_header"),
+    ],
+)
+def test_scheme_frames_are_dropped_for_the_right_reason(frames, reason):
+    with pytest.raises(FrameError) as info:
+        scheme_validator().decode(frames)
+    assert info.value.reason == reason
+
+
+def test_validator_refuses_an_unknown_kind_to_accept():
+    with pytest.raises(ValueError, match="unknown message kind"):
+        Validator(RUN, N, (), (), LAYOUT, MAX_ITER, accept={"gossip": (1,)})

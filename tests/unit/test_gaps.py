@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hopbus.gaps import GapMonitor
-from hopbus.modes import Mode
+from hopbus.modes import HOP_MODES, Mode
 from hopbus.topology import GapSetting
 
 
@@ -44,7 +44,7 @@ def test_min_iteration_tracking_survives_jumps():
         lambda n: st.tuples(
             st.just(n),
             st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, 4)), max_size=60),
-            st.sampled_from(list(Mode)),
+            st.sampled_from(HOP_MODES),
             st.integers(0, 3),
         )
     )

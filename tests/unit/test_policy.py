@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hopbus.modes import Mode
+from hopbus.modes import HOP_MODES, Mode
 from hopbus.protocol.policy import Policy
 from hopbus.protocol.requirements import AcksFrom, Fresh, SameIteration
 from hopbus.protocol.skipping import jump_length, lag_behind
@@ -122,7 +122,7 @@ def test_reduce_weights_staleness_follow_eq_2():
 
 
 @given(
-    st.sampled_from(list(Mode)),
+    st.sampled_from(HOP_MODES),
     st.integers(0, 5),
     st.integers(0, 30),
     st.lists(

@@ -22,7 +22,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.modes import Approach, Mode
+from hopbus.modes import HOP_MODES, Approach, Mode
 from hopbus.protocol.effects import Recv, Reduce
 from hopbus.protocol.requirements import Fresh, SameIteration
 from hopbus.protocol.spec import ProtocolSettings, WorkerSpec
@@ -119,7 +119,7 @@ class Scenario:
 @st.composite
 def scenarios(draw) -> Scenario:
     topo = draw(graphs())
-    mode = draw(st.sampled_from(list(Mode)))
+    mode = draw(st.sampled_from(HOP_MODES))
     if draw(st.booleans()):  # one N_buw per worker (Fig. 8 allows it), each below its in-degree
         backup = tuple(draw(st.integers(0, topo.in_degree(i) - 1)) for i in range(topo.n))
     else:

@@ -1,0 +1,293 @@
+"""What every process of a run does the same way: a Hop worker, a parameter server, a PS
+worker, a WAGMA worker.
+
+Each connects to Redis, reads the run's config, binds its inbox, registers its endpoint, keeps a
+heartbeat, opens an outbox to the peers it sends to, and, at the end, publishes its result. Every
+wait has a deadline (``timeout``) and ends, when it runs out, in one line naming what the node
+waited for; a peer whose heartbeat is gone is reported as soon as that is seen. Subclasses only
+say what to expect on the wire (``_validator``), whom they send to, and how they train
+(``_drive``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import zmq
+
+from hopbus.config import TrainConfig, make_config
+from hopbus.coord.client import connect
+from hopbus.coord.control import Heartbeat, RunControl
+from hopbus.coord.keys import RunKeys
+from hopbus.coord.runs import load_config
+from hopbus.errors import ConfigError, RunFailure
+from hopbus.heterogeneity import Heterogeneity
+from hopbus.runtime.faults import Faults
+from hopbus.topology import Topology
+from hopbus.transport import Inbox, Message, Outbox, TransportError, Validator
+
+LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
+HEARTBEAT_MAX_S = 10.0
+FINISHED = "finished"  # the heartbeat key's value once a node is done (kept without TTL)
+
+
+def names(nodes: Sequence[int], ps: int | None = None) -> str:
+    """``worker 3``, ``workers 1, 2``, or ``the parameter server`` for node ``ps``."""
+    if ps is not None and list(nodes) == [ps]:
+        return "the parameter server"
+    return ("worker " if len(nodes) == 1 else "workers ") + ", ".join(map(str, nodes))
+
+
+def advertised(bound: str, advertise: str | None) -> str:
+    """The endpoint peers should connect to: the bound port at ``advertise`` (a host name or
+    address), or at this host's name when bound to every interface."""
+    parts = urlsplit(bound)
+    host, port = parts.hostname or "", parts.port
+    if advertise:
+        host = advertise
+    elif host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"tcp://{host}:{port}"
+
+
+@contextlib.contextmanager
+def redis_failures(who: str, run: str) -> Iterator[None]:
+    """Redis errors as one line naming the node; the Lua scripts' refusals explained."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if "HOPBUS" not in str(exc):
+            raise RunFailure(f"{who}: Redis refused a command: {exc}") from None
+        raise RunFailure(
+            f"{who} of run {run}: "
+            + str(exc).split("HOPBUS ", 1)[1]
+            + " (another process already runs this --id, or the run ended: hopbus clean)"
+        ) from None
+    except redis.RedisError as exc:
+        raise RunFailure(f"{who} lost Redis: {exc}") from None
+
+
+def read_run_config(
+    client: redis.Redis, keys: RunKeys, timeout: float
+) -> tuple[TrainConfig, Topology]:
+    """The run's config as ``hopbus train`` recorded it, with its worker count filled in."""
+    raw = load_config(client, keys, timeout=timeout)
+    cfg = make_config(raw, cls=TrainConfig)
+    with warnings.catch_warnings():  # the launcher shows the run's warnings once
+        warnings.simplefilter("ignore")
+        cfg, topo = cfg.build_topology()
+    assert isinstance(cfg, TrainConfig)
+    return cfg, topo
+
+
+class Node:
+    """Node ``node`` of run ``run``. ``run_loop`` drives it from join to finish."""
+
+    ps_id: int | None = None  # the parameter server's node id, in runs that have one
+
+    def __init__(
+        self,
+        run: str,
+        node: int,
+        redis_url: str,
+        *,
+        bind: str = "tcp://127.0.0.1:*",
+        advertise: str | None = None,
+        timeout: float | None = None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.keys = RunKeys(run)
+        self.node = node
+        self.redis_url = redis_url
+        self.bind = bind
+        self.advertise = advertise
+        self._timeout_flag = timeout
+        self.timeout = (
+            timeout if timeout is not None else TrainConfig.model_fields["timeout"].default
+        )
+        self.r: redis.Redis | None = client
+        self.cond = threading.Condition()
+        self.counters: dict[str, int] = {}
+        self.ctx: zmq.Context | None = None
+        self.inbox: Inbox | None = None
+        self.outbox: Outbox | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    @property
+    def who(self) -> str:
+        return names([self.node], self.ps_id)
+
+    # -- setting up -------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Redis, the run's config and this node's place in it."""
+        if self.r is None:
+            self.r = connect(self.redis_url, timeout=self.timeout)
+        cfg, topo = read_run_config(self.r, self.keys, self.timeout)
+        if self._timeout_flag is None:
+            self.timeout = cfg.timeout
+        self.cfg, self.topo = cfg, topo
+        self._place()
+        self.faults = Faults.for_worker(self.node)
+        self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
+        self.het.check_links(topo.graph.has_edge, topo.name)
+        self.control = RunControl(self.r, self.keys, self.node)
+
+    def _place(self) -> None:
+        """Check (or, for a parameter server, take) this node's id in the run."""
+        if not 0 <= self.node < self.topo.n:
+            raise ConfigError(
+                f"--id {self.node}: run {self.keys.run!r} has workers 0..{self.topo.n - 1}"
+            )
+
+    def _open(
+        self,
+        validator: Validator,
+        on_message: Callable[[Message], None],
+        *,
+        hwm: int,
+        peers: Sequence[int],
+        out_hwm: int,
+    ) -> None:
+        """Bind the inbox, register, start the heartbeat, connect to ``peers``."""
+        self.ctx = zmq.Context()
+        try:
+            self.inbox = Inbox(self.ctx, self.bind, validator, on_message, hwm=hwm)
+        except TransportError as exc:
+            raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
+        self.inbox.start()
+        self.faults.before_register()
+        self.endpoint = advertised(self.inbox.endpoint, self.advertise)
+        self.control.register(self.endpoint)
+        self.heartbeat = Heartbeat(
+            self.control, min(HEARTBEAT_MAX_S, self.timeout), stats=self.stats
+        ).start()
+        self.outbox = self._outbox(peers, out_hwm)
+
+    def _outbox(self, peers: Sequence[int], hwm: int) -> Outbox:
+        assert self.ctx is not None
+        return Outbox(self.ctx, self._wait_endpoints(peers), hwm=hwm, send_timeout_s=self.timeout)
+
+    def _wait_endpoints(self, peers: Sequence[int]) -> dict[int, str]:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            found = self.control.endpoints(peers)
+            missing = [j for j, e in found.items() if e is None]
+            if not missing:
+                return {j: e for j, e in found.items() if e is not None}
+            if time.monotonic() >= deadline:
+                raise RunFailure(
+                    f"{self.who} waited {self.timeout:g} s for {names(missing, self.ps_id)} to "
+                    f"register an endpoint in {self.keys.addr}; they never appeared (slow "
+                    "start-up? raise --timeout)"
+                )
+            self._check_threads()
+            time.sleep(0.05)  # polling the registry while peers start
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        out = dict(self.counters)
+        if self.inbox is not None:
+            out.update({f"dropped_{k}": v for k, v in self.inbox.drops().items() if v})
+        return out
+
+    def _check_threads(self) -> None:
+        if self.inbox is not None and self.inbox.error is not None:
+            raise self.inbox.error
+        if self.heartbeat is not None and self.heartbeat.error is not None:
+            raise RunFailure(f"{self.who} lost Redis: {self.heartbeat.error}")
+
+    def _check_alive(self, peers: Sequence[int], what: str) -> None:
+        alive = self.control.alive(peers)
+        dead = [j for j, a in alive.items() if not a]
+        if dead:
+            raise RunFailure(
+                f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
+                f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
+            )
+
+    def wait_for(
+        self,
+        ready: Callable[[], bool],
+        missing: Callable[[], Sequence[int]],
+        what: str,
+    ) -> float:
+        """Wait, holding ``self.cond``, until ``ready()``; the receiver thread notifies on every
+        delivery. Every LOOK_S: are this node's threads alive, are ``missing()``'s heartbeats
+        there, is the timeout spent. Returns seconds waited. Call with ``self.cond`` held."""
+        if ready():
+            return 0.0
+        t0 = time.monotonic()
+        next_look = t0 + LOOK_S
+        while not ready():
+            self.cond.wait(LOOK_S)
+            now = time.monotonic()
+            if now < next_look:
+                continue
+            next_look = now + LOOK_S
+            self._check_threads()
+            late = missing()
+            self._check_alive(late, what)
+            if now - t0 > self.timeout:
+                raise RunFailure(
+                    f"{self.who} waited {self.timeout:g} s for {what} from "
+                    f"{names(late, self.ps_id)} (alive, but nothing arrived; raise --timeout "
+                    "for slow models)"
+                )
+        return time.monotonic() - t0
+
+    # -- sending and finishing --------------------------------------------------------------------
+    def send(self, to: Sequence[int], frames: list, outbox: Outbox | None = None) -> None:
+        box = outbox or self.outbox
+        assert box is not None
+        try:
+            box.send(to, frames)
+        except TransportError as exc:
+            raise RunFailure(f"{self.who}: {exc}") from None
+
+    def publish_result(self, result: Mapping[str, Any], **event: Any) -> None:
+        """The result for the launcher's summary; the heartbeat becomes 'finished' (no TTL)."""
+        assert self.r is not None
+        self.control.publish_result(result)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat.beat()
+            self.heartbeat = None
+        self.r.set(self.keys.hb(self.node), FINISHED)  # finished, not dead: no TTL
+        self.control.event("finish", **event)
+
+    def run_loop(self) -> dict[str, Any]:
+        """Join, run, report; returns this node's result."""
+        try:
+            with redis_failures(self.who, self.keys.run):
+                self._connect()
+                self._setup()
+                return self._drive()
+        finally:
+            self.close()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def _drive(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        for box in self._outboxes():
+            box.close(linger_s=min(5.0, self.timeout))  # let the last messages leave
+        if self.inbox is not None:
+            self.inbox.close()
+        if self.ctx is not None:
+            self.ctx.term()
+
+    def _outboxes(self) -> list[Outbox]:
+        return [self.outbox] if self.outbox is not None else []
