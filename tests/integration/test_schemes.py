@@ -79,8 +79,10 @@ def test_backup_workers_drop_a_stragglers_gradients(redis_url, tmp_path):
     p, s = train(redis_url, tmp_path / "run", *flags)
     assert p.returncode == 0, p.stderr
     c = s["scheme"]["counters"]
-    assert c["dropped_gradients"] >= 30
-    assert s["jumps"] >= 1  # the straggler skipped the versions it missed
+    straggler = s["per_worker"][0]
+    assert straggler["pushed"] <= 40  # 4x slower: it computes about one version in four
+    assert c["dropped_gradients"] >= 10
+    assert s["jumps"] >= 5  # it skips to the current version after each late push
     assert s["iterations"]["min"] == 60
 
 
