@@ -105,6 +105,7 @@ class SimResult:
     counters: dict[str, int] = field(default_factory=dict)
     store_peak: list[int] = field(default_factory=list)
     store_bound: list[int | None] = field(default_factory=list)
+    scheme: dict[str, Any] | None = None  # a related scheme's own report (hopbus/sim/ps.py)
 
     @property
     def deadlocked(self) -> bool:

@@ -8,8 +8,9 @@ from typing import Any
 from hopbus.config import RunConfig
 from hopbus.errors import ConfigError
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.modes import HOP_MODES
+from hopbus.modes import HOP_MODES, Family
 from hopbus.sim.engine import SimResult, Simulation
+from hopbus.sim.ps import PSSimulation
 from hopbus.summary import progress_summary
 from hopbus.topology import Topology
 
@@ -19,14 +20,27 @@ def prepare(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[RunConfig, Simulation]:
     """Build and validate everything a simulation needs; raises UserError on bad input."""
-    if not cfg.mode.is_hop:
+    if cfg.mode.family is Family.WAGMA:
         raise ConfigError(
-            f"--mode {cfg.mode} runs on the cluster (hopbus train); hopbus sim simulates Hop's "
-            "modes: " + ", ".join(HOP_MODES)
+            f"--mode {cfg.mode} runs on the cluster only (hopbus train); hopbus sim simulates "
+            f"Hop's modes ({', '.join(HOP_MODES)}) and the parameter server's (ps-*)"
         )
     cfg, topo = cfg.build_topology()
     het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
     het.check_links(topo.graph.has_edge, topo.name)
+    if cfg.mode.family is Family.PS:
+        if het.links:
+            raise ConfigError(f"--slowdown link:... has no meaning with --mode {cfg.mode}")
+        ps = PSSimulation(
+            topo,
+            cfg.scheme_settings(),
+            cfg.gap_setting(),
+            het,
+            compute_time=cfg.compute_time,
+            latency=cfg.latency,
+            on_progress=on_progress,
+        )
+        return cfg, ps  # type: ignore[return-value]
     sim = Simulation(
         topo,
         cfg.protocol_settings(),
@@ -75,6 +89,12 @@ def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, An
         ],
         "topology": {"name": topo.name, "diameter": topo.diameter},
         "runtime_s": result.runtime_s,
+        "scheme": result.scheme
+        or {
+            "mode": str(cfg.mode),
+            "family": "hop",
+            "counters": {"stale_dropped": c["stale_dropped"], "sends_skipped": c["sends_skipped"]},
+        },
     }
 
 
