@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import typer
 
+import hopbus.cli.experiment  # noqa: F401 (registers hopbus experiment)
 from hopbus.cli import cluster  # noqa: F401 (registers the cluster commands)
 from hopbus.cli.commands import app
 from hopbus.errors import UserError

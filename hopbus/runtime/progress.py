@@ -223,7 +223,7 @@ def scheme_summary(
     return {"mode": str(mode), "family": str(family), "counters": counters}
 
 
-_PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy")
+_PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy", "cpu_s")
 
 
 def token_invariant_violations(

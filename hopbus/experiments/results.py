@@ -1,0 +1,183 @@
+"""What results.json says about the runs: one record per run, the ratios to each group's
+reference run, and the table rows. Pure functions of the summaries, so ``hopbus plot`` and the
+tests can rebuild them from a results.json alone."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hopbus.experiments.scenarios import RunPlan
+
+#: The table's columns, in order; the rows hold strings, ready to print.
+COLUMNS = (
+    "group",
+    "run",
+    "iter s",
+    "p50 s",
+    "vs ref",
+    "loss",
+    "acc",
+    "target s",
+    "wall s",
+    "wait s/it",
+    "status",
+    "counters",
+)
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def run_record(
+    plan: RunPlan,
+    *,
+    run_id: str,
+    folder: str,
+    config: dict[str, Any] | None,
+    summary: dict[str, Any] | None,
+    failure: str | None,
+    warnings: list[str],
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """One run in results.json: its settings (``config``: the full TrainConfig when it could
+    be built, else the settings asked for), the summary's key figures, and what went wrong."""
+    s = summary or {}
+    times = s.get("iter_time_s") or {}
+    rec: dict[str, Any] = {
+        "label": plan.label,
+        "group": plan.group,
+        "mode": (config or plan.values).get("mode"),
+        "run_id": run_id,
+        "folder": folder,
+        "config": config if config is not None else plan.values,
+        "iter_time_s": {"mean": times.get("mean"), "p50": times.get("p50")},
+        "final_loss": s.get("final_loss"),
+        "final_accuracy": s.get("final_accuracy"),
+        "time_to_target": s.get("time_to_target"),
+        "wall_s": s.get("wall_s"),
+        "violations": s.get("violations"),
+        "finished": s.get("finished", False),
+        "failure": failure,
+        "warnings": warnings,
+        "elapsed_s": elapsed_s,
+    }
+    for extra in ("scheme", "waiting"):  # the baselines' own counters, when they report them
+        if isinstance(s.get(extra), dict):
+            rec[extra] = s[extra]
+    return finite(rec)
+
+
+def mean_iter_time(run: dict[str, Any]) -> float | None:
+    """A run's mean iteration time, or None if it failed or has none."""
+    mean = (run.get("iter_time_s") or {}).get("mean")
+    ok = run.get("failure") is None and isinstance(mean, int | float) and mean > 0
+    return float(mean) if ok else None
+
+
+def ratios(runs: list[dict[str, Any]], reference: str | None) -> dict[str, dict[str, Any]]:
+    """Per group: each run's mean iteration time over the reference run's. The reference is
+    the run labelled ``reference`` when it succeeded, else the group's first run that did
+    (``reference`` in the answer says which); None for runs without a time."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(r["group"], []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for group, members in groups.items():
+        timed = [r for r in members if mean_iter_time(r) is not None]
+        preferred = [r for r in timed if r["label"] == reference]
+        ref = (preferred or timed or [None])[0]
+        base = mean_iter_time(ref) if ref is not None else None
+        out[group] = {
+            "reference": ref["label"] if ref is not None else None,
+            "mean_iter_time": {
+                r["label"]: (t / base if (t := mean_iter_time(r)) is not None and base else None)
+                for r in members
+            },
+        }
+    return out
+
+
+def _num(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _numbers(block: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in block.items():
+        if isinstance(v, dict):  # the scheme's own "counters" are shown without a prefix
+            out += _numbers(v, prefix if k == "counters" else f"{prefix}{k}.")
+        elif isinstance(v, int | float) and not isinstance(v, bool) and v != 0:
+            out.append(f"{prefix}{k}={v if isinstance(v, int) else format(v, '.3g')}")
+    return out
+
+
+def counters(run: dict[str, Any]) -> str:
+    """The scheme's numeric counters other than 0, compactly: ``barriers=30 held=4 ...``
+    (results.json keeps them all)."""
+    return " ".join(_numbers(run.get("scheme") or {})) or "-"
+
+
+def wait_per_iteration(run: dict[str, Any]) -> float | None:
+    """Seconds a worker waited per iteration, from the summary's ``waiting`` when present."""
+    v = (run.get("waiting") or {}).get("per_iteration_s")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def status(run: dict[str, Any]) -> str:
+    """``ok``, ``failed``, or ``N violations`` (a Table 1 bound broken: a bug)."""
+    if run.get("failure") is not None:
+        return "failed"
+    return f"{run['violations']} violations" if run.get("violations") else "ok"
+
+
+def table(runs: list[dict[str, Any]], rat: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``{"columns": COLUMNS, "rows": [[str, ...], ...]}``, one row per run, in run order:
+    test loss and accuracy at the end, seconds to ``target_loss``, training seconds, and
+    waiting per iteration."""
+    rows = []
+    for r in runs:
+        g = rat.get(r["group"], {})
+        ratio = g.get("mean_iter_time", {}).get(r["label"])
+        vs = _num(ratio, ".2f") + ("x" if ratio is not None else "")
+        if ratio is not None and g.get("reference") == r["label"]:
+            vs += " (ref)"
+        times = r.get("iter_time_s") or {}
+        rows.append(
+            [
+                r["group"],
+                r["label"],
+                _num(times.get("mean"), ".4f"),
+                _num(times.get("p50"), ".4f"),
+                vs,
+                _num(r.get("final_loss"), ".4f"),
+                _num(r.get("final_accuracy"), ".3f"),
+                _num(r.get("time_to_target"), ".2f"),
+                _num(r.get("wall_s"), ".2f"),
+                _num(wait_per_iteration(r), ".4f"),
+                status(r),
+                counters(r),
+            ]
+        )
+    return {"columns": list(COLUMNS), "rows": rows}
+
+
+__all__ = [
+    "COLUMNS",
+    "counters",
+    "finite",
+    "mean_iter_time",
+    "ratios",
+    "run_record",
+    "status",
+    "table",
+    "wait_per_iteration",
+]
