@@ -30,6 +30,7 @@ from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import load_config
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
 from hopbus.topology import Topology
 from hopbus.transport import Inbox, Message, Outbox, TransportError, Validator
@@ -120,6 +121,7 @@ class Node:
         self.inbox: Inbox | None = None
         self.outbox: Outbox | None = None
         self.heartbeat: Heartbeat | None = None
+        self.trainer: Trainer  # set by each kind of node's _setup
 
     @property
     def who(self) -> str:
@@ -262,6 +264,40 @@ class Node:
             self.heartbeat = None
         self.r.set(self.keys.hb(self.node), FINISHED)  # finished, not dead: no TTL
         self.control.event("finish", **event)
+
+    def progress_fields(
+        self, start: int, to: int, compute_s: float, wait_s: float, blocked_on: Sequence[int]
+    ) -> dict[str, Any]:
+        """A worker's progress entry for entering ``to`` from ``start`` (the same fields for
+        every mode), evaluated on the test subset when an --eval-every boundary is crossed."""
+        t, cfg = self.trainer, self.cfg
+        fields: dict[str, Any] = {
+            "t": time.time(),
+            "loss": t.loss,
+            "compute_s": round(compute_s, 6),
+            "wait_s": round(wait_s, 6),
+            "blocked_on": list(blocked_on),
+        }
+        e = cfg.eval_every
+        if e and to // e > start // e and to < cfg.iterations:
+            fields["eval_loss"], fields["eval_accuracy"] = t.evaluate()
+        return fields
+
+    def finish_worker(self, iterations: int, cpu0: float, compute_s: float) -> dict[str, Any]:
+        """Evaluate on the whole test set and publish a worker's final report."""
+        loss, acc = self.trainer.evaluate(full=True)
+        result = {
+            "worker": self.node,
+            "iterations": iterations,
+            "final_loss": loss,
+            "final_accuracy": acc,
+            "t": time.time(),
+            "cpu_s": time.process_time() - cpu0,  # all threads: the driver's own cost
+            "compute_s": compute_s,
+            **self.stats(),
+        }
+        self.publish_result(result, iterations=iterations, final_accuracy=acc)
+        return result
 
     def run_loop(self) -> dict[str, Any]:
         """Join, run, report; returns this node's result."""

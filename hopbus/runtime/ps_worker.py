@@ -70,28 +70,8 @@ class PSWorker(Node):
             assert reply is not None and reply.payload is not None
             t.params, version, nxt = reply.payload, reply.tag, reply.iteration
             self.faults.before_iteration(nxt)
-            fields: dict[str, Any] = {
-                "t": time.time(),
-                "loss": t.loss,
-                "compute_s": round(compute_s, 6),
-                "wait_s": round(wait_s, 6),
-                "blocked_on": [ps] if wait_s > 0 else [],
-            }
-            e = cfg.eval_every
-            if e and nxt // e > k // e and nxt < cfg.iterations:
-                fields["eval_loss"], fields["eval_accuracy"] = t.evaluate()
+            blocked = [ps] if wait_s > 0 else []
+            fields = self.progress_fields(k, nxt, compute_s, wait_s, blocked)
             self.control.try_advance(k, nxt, {}, (), fields)
             k = nxt
-        loss, acc = t.evaluate(full=True)
-        result = {
-            "worker": self.node,
-            "iterations": k,
-            "final_loss": loss,
-            "final_accuracy": acc,
-            "t": time.time(),
-            "cpu_s": time.process_time() - cpu0,
-            "compute_s": compute_total,
-            **self.stats(),
-        }
-        self.publish_result(result, iterations=k, final_accuracy=acc)
-        return result
+        return self.finish_worker(k, cpu0, compute_total)

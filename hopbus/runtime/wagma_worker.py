@@ -197,30 +197,9 @@ class WagmaWorker(Node):
             else:  # S = 1: local SGD between global averages
                 wait_s = 0.0
             self.faults.before_iteration(t + 1)
-            fields: dict[str, Any] = {
-                "t": time.time(),
-                "loss": t_.loss,
-                "compute_s": round(compute_s, 6),
-                "wait_s": round(wait_s, 6),
-                "blocked_on": [],
-            }
-            e = cfg.eval_every
-            if e and (t + 1) % e == 0 and t + 1 < cfg.iterations:
-                fields["eval_loss"], fields["eval_accuracy"] = t_.evaluate()
+            fields = self.progress_fields(t, t + 1, compute_s, wait_s, ())
             self.control.try_advance(t, t + 1, {}, (), fields)
-        loss, acc = t_.evaluate(full=True)
-        result = {
-            "worker": self.node,
-            "iterations": cfg.iterations,
-            "final_loss": loss,
-            "final_accuracy": acc,
-            "t": time.time(),
-            "cpu_s": time.process_time() - cpu0,
-            "compute_s": compute_total,
-            **self.stats(),
-        }
-        self.publish_result(result, iterations=cfg.iterations, final_accuracy=acc)
-        return result
+        return self.finish_worker(cfg.iterations, cpu0, compute_total)
 
 
 __all__ = ["WagmaWorker", "add"]

@@ -173,7 +173,6 @@ class Worker(Node):
     def _drive(self) -> dict[str, Any]:
         s, t, ctl = self.spec, self.trainer, self.control
         assert self.outbox is not None
-        cfg = self.cfg
         gen = worker_loop(s)
         self._cpu0 = time.process_time()
         self._compute_total = 0.0
@@ -206,16 +205,7 @@ class Worker(Node):
                 t.apply()
             elif kind is Advance:
                 self.faults.before_iteration(eff.to)
-                fields: dict[str, Any] = {
-                    "t": 0.0,
-                    "loss": t.loss,
-                    "compute_s": round(compute_s, 6),
-                    "wait_s": round(wait_s, 6),
-                    "blocked_on": list(blocked_on),
-                }
-                e = cfg.eval_every
-                if e and eff.to // e > eff.start // e and eff.to < cfg.iterations:
-                    fields["eval_loss"], fields["eval_accuracy"] = t.evaluate()
+                fields = self.progress_fields(eff.start, eff.to, compute_s, wait_s, blocked_on)
                 self._advance(eff, fields)
                 compute_s = wait_s = 0.0
                 blocked_on = ()
@@ -241,19 +231,7 @@ class Worker(Node):
     def _finish(self, iterations: int) -> dict[str, Any]:
         if self._floor is not None:
             self.control.publish_floor(self._floor)
-        loss, acc = self.trainer.evaluate(full=True)
-        result = {
-            "worker": self.worker,
-            "iterations": iterations,
-            "final_loss": loss,
-            "final_accuracy": acc,
-            "t": time.time(),
-            "cpu_s": time.process_time() - self._cpu0,  # all threads: the driver's own cost
-            "compute_s": self._compute_total,
-            **self.stats(),
-        }
-        self.publish_result(result, iterations=iterations, final_accuracy=acc)
-        return result
+        return self.finish_worker(iterations, self._cpu0, self._compute_total)
 
 
 def report_failure(redis_url: str, run: str, worker: int, message: str) -> None:
