@@ -8,11 +8,25 @@ Grammar (parts joined by ``+``)::
     fixed:F@W[,W...]          the listed workers are F times slower every iteration (Sec. 7.3.5)
     link:MS@I-J               messages between workers I and J take MS milliseconds longer, both
                               ways (on top of the simulator's --latency, which is in seconds)
+    machines:A,B,...@MS       the workers sit on machines of A, B, ... workers, in id order
+                              (0..A-1 on the first), and each machine reaches the others
+                              through one shared uplink (Sec. 7.3.6): a message to another
+                              machine takes MS milliseconds longer for every message the
+                              sending machine puts on its uplink each iteration
 
 A factor below 1 makes a worker faster (fixed:0.5@3: worker 3 computes in half the time).
 Factors of parts that apply to the same worker multiply.
 
-e.g. ``random:6`` or ``fixed:4@0`` or ``random:6:0.1+link:50@0-1``.
+e.g. ``random:6`` or ``fixed:4@0`` or ``random:6:0.1+link:50@0-1`` or ``machines:4,2,2@20``.
+
+``machines:`` models bandwidth, not just distance: in an iteration every worker sends to every
+out-neighbour at about the same time, so a machine with k graph edges to other machines shares
+its uplink among k transfers, and each takes k x MS (fair sharing, counted once from the graph
+when the slowdown is bound to it). That is what makes a graph with fewer edges between machines
+(``hierarchical:...``) faster on such a cluster than one with a larger spectral gap.
+
+The cluster applies link delays where a message arrives: the receiver's inbox holds it for the
+extra time before handing it over (``hopbus.transport.inbox``).
 
 The random draws depend only on (seed, part, worker, iteration), never on the order in which
 they are asked for, so a simulated run and a real one with the same seed slow down the same
@@ -22,11 +36,13 @@ workers in the same iterations.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 from hopbus.errors import SlowdownSpecError
 
@@ -36,10 +52,13 @@ _NUM = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"  # ASCII digits o
 _RANDOM = re.compile(rf"random:(?P<f>{_NUM})(?::(?P<p>{_NUM}))?")
 _FIXED = re.compile(rf"fixed:(?P<f>{_NUM})@(?P<w>[0-9]+(?:,[0-9]+)*)")
 _LINK = re.compile(rf"link:(?P<ms>{_NUM})@(?P<i>[0-9]+)-(?P<j>[0-9]+)")
+_MACHINES = re.compile(rf"machines:(?P<sizes>[0-9]+(?:,[0-9]+)*)@(?P<ms>{_NUM})")
 MAX_FACTOR = 1e6  # a worker a million times slower is as good as stopped
 MAX_LINK_MS = 1e9
 
-GRAMMAR = "none | random:F[:P] | fixed:F@W[,W...] | link:MS@I-J, joined by '+'"
+GRAMMAR = (
+    "none | random:F[:P] | fixed:F@W[,W...] | link:MS@I-J | machines:A,B,...@MS, joined by '+'"
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +80,16 @@ class LinkDelay:
     b: int
 
 
-Part = RandomSlowdown | FixedSlowdown | LinkDelay
+@dataclass(frozen=True)
+class MachineLinks:
+    """Workers in consecutive blocks of ``sizes`` share a machine; a message between machines
+    takes ``transfer_s`` longer per message its machine's uplink carries each iteration."""
+
+    sizes: tuple[int, ...]
+    transfer_s: float
+
+
+Part = RandomSlowdown | FixedSlowdown | LinkDelay | MachineLinks
 
 
 def _bad(spec: str, why: str) -> SlowdownSpecError:
@@ -89,15 +117,26 @@ def parse(spec: str) -> tuple[Part, ...]:
         elif m := _LINK.fullmatch(item):
             if m["i"] == m["j"]:
                 raise _bad(spec, f"{item!r} joins worker {m['i']} to itself")
-            ms = float(m["ms"])
-            if ms > MAX_LINK_MS:
-                raise _bad(spec, f"{m['ms']} ms is more than {MAX_LINK_MS:g} ms")
-            parts.append(LinkDelay(ms / 1000.0, int(m["i"]), int(m["j"])))
+            parts.append(LinkDelay(_link_s(spec, m["ms"]), int(m["i"]), int(m["j"])))
+        elif m := _MACHINES.fullmatch(item):
+            sizes = tuple(int(x) for x in m["sizes"].split(","))
+            if 0 in sizes:
+                raise _bad(spec, f"{item!r} has a machine with no worker")
+            if any(isinstance(q, MachineLinks) for q in parts):
+                raise _bad(spec, "only one machines:... part")
+            parts.append(MachineLinks(sizes, _link_s(spec, m["ms"])))
         elif item == "none":
             raise _bad(spec, "'none' cannot be combined with other parts")
         else:
             raise _bad(spec, f"cannot read {item!r}")
     return tuple(parts)
+
+
+def _link_s(spec: str, text: str) -> float:
+    ms = float(text)
+    if ms > MAX_LINK_MS:
+        raise _bad(spec, f"{text} ms is more than {MAX_LINK_MS:g} ms")
+    return ms / 1000.0
 
 
 def _factor(spec: str, text: str) -> float:
@@ -115,7 +154,7 @@ class SlowdownModel(Protocol):
     def link_delay(self, src: int, dst: int) -> float: ...
 
     @property
-    def links(self) -> dict[tuple[int, int], float]: ...
+    def has_link_delays(self) -> bool: ...
 
 
 @dataclass
@@ -128,6 +167,9 @@ class Heterogeneity:
     _fixed: list[float] = field(init=False)
     _links: dict[tuple[int, int], float] = field(init=False)
     _random: list[tuple[int, float, float]] = field(init=False)  # (part, factor, probability)
+    _machine: list[int] | None = field(init=False, default=None)  # each worker's machine
+    _transfer_s: float = field(init=False, default=0.0)
+    _uplink: list[int] = field(init=False, default_factory=list)  # messages out, per machine
     _cache: dict[tuple[int, int], tuple[int, list[float]]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,6 +185,15 @@ class Heterogeneity:
                 self._check_worker(part.b)
                 for key in ((part.a, part.b), (part.b, part.a)):
                     self._links[key] = self._links.get(key, 0.0) + part.extra_s
+            elif isinstance(part, MachineLinks):
+                if sum(part.sizes) != self.n:
+                    raise SlowdownSpecError(
+                        f"bad --slowdown: machines of {'+'.join(map(str, part.sizes))} = "
+                        f"{sum(part.sizes)} workers, but the run has {self.n}"
+                    )
+                self._machine = [m for m, size in enumerate(part.sizes) for _ in range(size)]
+                self._transfer_s = part.transfer_s
+                self._uplink = [1] * len(part.sizes)  # until bind() counts the graph's edges
         self._random = [
             (index, part.factor, 1.0 / self.n if part.probability is None else part.probability)
             for index, part in enumerate(self.parts)
@@ -178,17 +229,45 @@ class Heterogeneity:
         return f
 
     def link_delay(self, src: int, dst: int) -> float:
-        """Extra seconds a message from ``src`` to ``dst`` takes."""
-        return self._links.get((src, dst), 0.0)
+        """Extra seconds a message from ``src`` to ``dst`` takes (0 for a node that is not a
+        worker, such as a parameter server)."""
+        d = self._links.get((src, dst), 0.0)
+        m = self._machine
+        if m is not None and 0 <= src < self.n and 0 <= dst < self.n and m[src] != m[dst]:
+            d += self._transfer_s * self._uplink[m[src]]
+        return d
+
+    def machine_of(self, worker: int) -> int | None:
+        """The emulated machine ``worker`` sits on (``machines:`` part), None without one."""
+        return None if self._machine is None else self._machine[worker]
+
+    @property
+    def has_link_delays(self) -> bool:
+        """Whether any message takes longer than others (``link:`` or ``machines:``)."""
+        return bool(self._links) or (self._machine is not None and self._transfer_s > 0)
 
     @property
     def links(self) -> dict[tuple[int, int], float]:
+        """The ``link:`` parts' delays per (src, dst)."""
         return dict(self._links)
 
-    def check_links(self, has_edge: Callable[[int, int], bool], topology_name: str) -> None:
-        """Refuse a ``link:`` part naming two workers that never talk to each other."""
+    def bind(self, graph: nx.DiGraph, topology_name: str) -> Heterogeneity:
+        """Tie the slowdown to the run's graph: refuse a ``link:`` part naming two workers that
+        never talk to each other, and count each machine's uplink messages (its graph edges to
+        other machines) for ``machines:``. Returns self."""
         for a, b in self._links:
-            if not (has_edge(a, b) or has_edge(b, a)):
+            if not (graph.has_edge(a, b) or graph.has_edge(b, a)):
                 raise SlowdownSpecError(
                     f"bad --slowdown: workers {a} and {b} are not neighbours in {topology_name!r}"
                 )
+        m = self._machine
+        if m is not None:
+            self._uplink = [0] * len(self._uplink)
+            for u, v in graph.edges:
+                if u != v and m[u] != m[v]:
+                    self._uplink[m[u]] += 1
+        return self
+
+    def uplink_messages(self) -> list[int]:
+        """Per machine, the messages its uplink carries each iteration (after ``bind``)."""
+        return list(self._uplink)

@@ -2,7 +2,7 @@
 
 ``Mode`` names Hop's Recv rules and, next to them, the related schemes hopbus runs on the same
 engine so that users can compare (hopbus/baselines): a parameter server in four flavours,
-ElasticBSP and WAGMA-SGD.
+ElasticBSP, WAGMA-SGD, and the ring all-reduce of Horovod and PyTorch DDP.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from enum import StrEnum
 
 
 class Family(StrEnum):
-    """Which engine runs a mode: Hop's worker loop, a parameter server, or WAGMA's groups."""
+    """Which engine runs a mode: Hop's worker loop, a parameter server, WAGMA's groups, or a
+    torch.distributed ring all-reduce."""
 
     HOP = "hop"
     PS = "ps"
     WAGMA = "wagma"
+    ALLREDUCE = "allreduce"
 
 
 class Mode(StrEnum):
@@ -32,11 +34,14 @@ class Mode(StrEnum):
     PS_BACKUP = "ps-backup"  # Chen et al.: each step takes the first N of N+b gradients
     PS_ELASTIC = "ps-elastic"  # ElasticBSP: barriers where ZipLine predicts the least waiting
     WAGMA = "wagma"  # WAGMA-SGD: wait-avoiding group averaging, global average every tau
+    ALLREDUCE = "allreduce"  # synchronous SGD, gradients summed by gloo's ring all-reduce
 
     @property
     def family(self) -> Family:
         if self is Mode.WAGMA:
             return Family.WAGMA
+        if self is Mode.ALLREDUCE:
+            return Family.ALLREDUCE
         return Family.PS if self.value.startswith("ps-") else Family.HOP
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hopbus.baselines.allreduce import require_torch
 from hopbus.errors import ConfigError
 from hopbus.modes import Family, Mode
 
@@ -27,7 +28,7 @@ def default_group_size(workers: int) -> int:
 class SchemeSettings:
     """Knobs of the related schemes. Each one's meaning and when to change it:
 
-    mode: ps-bsp, ps-ssp, ps-asp, ps-backup, ps-elastic or wagma.
+    mode: ps-bsp, ps-ssp, ps-asp, ps-backup, ps-elastic, wagma or allreduce.
     workers: worker processes; for ps-backup all N+b of them. The parameter server is one more
         process (``hopbus ps``).
     iterations: ps-bsp and ps-backup: parameter versions (global steps); the others: each
@@ -73,6 +74,8 @@ def check(s: SchemeSettings) -> None:
                 "--mode ps-backup --workers counts all N+b workers and each step needs at least "
                 "one gradient"
             )
+    if s.mode is Mode.ALLREDUCE:
+        require_torch()
     if s.mode is Mode.PS_ELASTIC and s.lookahead < 1:
         raise ConfigError(f"--lookahead must be at least 1 (got {s.lookahead})")
     if s.mode is Mode.WAGMA:

@@ -41,10 +41,33 @@ def _show_table(console: Console, results: dict[str, Any]) -> None:
         left = col in ("group", "run", "status", "counters")
         t.add_column(col, justify="left" if left else "right", no_wrap=not last, overflow="fold")
     status = tab["columns"].index("status")
+    styles = {"ok": None, "skipped": "yellow"}
     for row in tab["rows"]:
-        t.add_row(*row, style=None if row[status] == "ok" else "red")
+        t.add_row(*row, style=styles.get(row[status], "red"))
     if not console.is_terminal:  # a file or a pipe: keep each row on one line
         console.width = max(console.width, 300)
+    console.print(t)
+    _show_claims(console, results.get("claims") or [])
+
+
+def _show_claims(console: Console, claims: list[dict[str, Any]]) -> None:
+    """What the scenario must show, each with its measured ratio: held, did not, or could not
+    be judged (a run missing)."""
+    if not claims:
+        return
+    t = Table(
+        title="What it must show (benchmarks: measured in this run, nothing fails on them)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in ("", "claim", "measured", "needs", "note"):
+        t.add_column(col, overflow="fold")
+    marks = {True: "[green]held[/]", False: "[red]not held[/]", None: "[yellow]-[/]"}
+    for c in claims:
+        value, op, threshold = c["value"], c["op"], c["threshold"]
+        measured = "-" if value is None else (f"{value}" if op == "==" else f"{value:.2f}x")
+        needs = "-" if op is None else f"{op} {threshold:g}" + ("" if op == "==" else "x")
+        t.add_row(marks[c["holds"]], c["claim"], measured, needs, c["note"] or "")
     console.print(t)
 
 
@@ -57,6 +80,8 @@ def _progress(err: Console) -> tuple[Any, Any]:
     def done(i: int, n: int, run: dict[str, Any]) -> None:
         if run["failure"] is not None:
             err.print(f" [red]failed[/]: {run['failure']}", highlight=False, soft_wrap=True)
+        elif run.get("skipped") is not None:
+            err.print(f" [yellow]skipped[/]: {run['skipped']}", highlight=False, soft_wrap=True)
         else:
             mean = run["iter_time_s"]["mean"]
             acc = run["final_accuracy"]
@@ -129,9 +154,11 @@ def experiment_cmd(
     (`hopbus train` each, one private Redis for all), then compare them.
 
     Writes results.json (every run's settings and key figures, a table, iteration-time ratios
-    per group), three PNG figures and one folder per run (as `hopbus train --out`). A run that
-    fails is reported and recorded, the others still run; the exit status is then 1. Ctrl-C
-    stops the current run and keeps what was done (status 130).
+    per group, and whether what the scenario must show held), PNG figures and one folder per
+    run (as `hopbus train --out`). A run that fails is reported and recorded, the others still
+    run; the exit status is then 1. A claim that does not hold is reported, not an error: these
+    are measurements. Ctrl-C stops the current run and keeps what was done (status 130).
+    See docs/experiments.md.
     """
     if list_all or name is None:
         _list_scenarios(Console())

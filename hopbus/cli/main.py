@@ -18,6 +18,7 @@ import typer
 
 import hopbus.cli.experiment  # noqa: F401 (registers hopbus experiment)
 from hopbus.cli import cluster  # noqa: F401 (registers the cluster commands)
+from hopbus.cli import plot as _plot  # noqa: F401 (registers hopbus plot)
 from hopbus.cli.commands import app
 from hopbus.errors import UserError
 

@@ -67,7 +67,9 @@ ModeOpt = Annotated[
             "staleness: each neighbour's newest, at most --staleness old (Fig. 9); hybrid: both. "
             "Related schemes (hopbus train), for comparison: ps-bsp, ps-ssp (--staleness), "
             "ps-asp, ps-backup (--backup of the --workers), ps-elastic (--lookahead), wagma "
-            "(--group-size, --sync-period); see docs/schemes.md."
+            "(--group-size, --sync-period), allreduce: synchronous SGD, gradients summed by a "
+            "ring all-reduce (torch.distributed, gloo; needs the bench extra); see "
+            "docs/schemes.md."
         ),
     ),
 ]
@@ -182,7 +184,9 @@ Bind = Annotated[
         "--bind",
         envvar="HOPBUS_BIND",
         help="ZeroMQ address of this process's inbox; port * = any free port. Use "
-        "tcp://*:PORT with --advertise in containers and on several hosts.",
+        "tcp://*:PORT with --advertise in containers and on several hosts. With --mode "
+        "allreduce, worker 0's rendezvous store listens on this port (the workers need no "
+        "inbox).",
         rich_help_panel=PANEL_CLUSTER,
     ),
 ]

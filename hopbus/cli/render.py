@@ -88,6 +88,7 @@ _SCHEME_KNOBS = {
     "ps-backup": ("backup",),
     "ps-elastic": ("lookahead",),
     "wagma": ("group_size", "sync_period"),
+    "allreduce": (),
 }
 
 

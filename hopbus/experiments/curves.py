@@ -6,6 +6,13 @@ quantity ``time_to_target`` watches. It starts once every worker that evaluates 
 once, takes a point at each evaluation, and ends at the run's final loss (every worker's model
 on the whole test set) at its wall-clock end. Training loss per iteration is the mean of the
 workers' minibatch losses on entering that iteration, smoothed by a trailing moving average.
+
+Iteration time per worker and the gap timeline replay the iteration changes in file order (the
+order of the run's progress stream, as the summary does), skipping any entry that does not move
+its worker forward. A worker's mean iteration time is the summary's ``iter_time_s.per_worker``
+rule (``hopbus.summary.RunStats``): the time of its last change / the iterations it advanced,
+jumped-over ones included. The gap timeline is, after each change, the largest iteration minus
+the smallest over the workers that have an entry so far.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hopbus.summary import RunStats
 
 #: Iterations the training-loss moving average spans.
 SMOOTHING = 5
@@ -90,9 +99,70 @@ def mean_train_loss_by_iteration(
     return Curve([float(i) for i in iters], smoothed)
 
 
+def _advances(entries: Iterable[dict[str, Any]]) -> Iterator[tuple[int, int, float]]:
+    """``(worker, iteration, t)`` of each entry that moves its worker forward, in the given
+    order: entries that do not (a repeated or out-of-order line) are skipped, as the summary's
+    replay skips them, so a worker's iteration only grows."""
+    current: dict[int, int] = {}
+    for e in entries:
+        w, it, t = e.get("worker"), e.get("iter"), e.get("t")
+        if not (_index(w) and _index(it) and _number(t)) or it <= current.get(w, 0):
+            continue
+        current[w] = it
+        yield w, it, float(t)
+
+
+def _index(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def iteration_time_per_worker(entries: Iterable[dict[str, Any]]) -> dict[int, float]:
+    """Each worker's mean seconds per iteration, by the summary's own rule (``RunStats``, so
+    the two cannot drift apart): the ``t`` of its last change / the iterations it advanced,
+    jumped-over iterations counted as done. Workers without an entry are left out."""
+    moves = list(_advances(entries))
+    if not moves:
+        return {}
+    stats = RunStats(max(w for w, _, _ in moves) + 1)  # start 0: t counts from the run's start
+    for w, it, t in moves:
+        stats.enter(w, it, t)
+    per = stats.iter_time()["per_worker"]
+    return {w: float(x) for w, x in enumerate(per) if x is not None}
+
+
+def gap_timeline(entries: Iterable[dict[str, Any]]) -> Curve:
+    """After each iteration change, the largest iteration gap between any two workers that
+    have started (max - min of their iterations), against ``t``: a step function. A worker
+    with no entry yet does not count. ``t`` is made non-decreasing (workers' clocks can put a
+    change a fraction of a millisecond before the one the stream has before it)."""
+    current: dict[int, int] = {}
+    count: dict[int, int] = {}  # iteration -> workers in it
+    low = high = 0
+    xs: list[float] = []
+    ys: list[float] = []
+    for w, it, t in _advances(entries):
+        old = current.get(w)
+        current[w] = it
+        count[it] = count.get(it, 0) + 1
+        if old is None:
+            low = it if len(current) == 1 else min(low, it)
+        else:
+            count[old] -= 1
+            if not count[old]:
+                del count[old]
+                while low not in count:  # the slowest iteration emptied: the next one up
+                    low += 1
+        high = max(high, it)
+        xs.append(max(t, xs[-1]) if xs else t)
+        ys.append(float(high - low))
+    return Curve(xs, ys)
+
+
 __all__ = [
     "SMOOTHING",
     "Curve",
+    "gap_timeline",
+    "iteration_time_per_worker",
     "mean_test_loss_over_time",
     "mean_train_loss_by_iteration",
     "read_metrics",

@@ -1,32 +1,141 @@
-"""The figures of an experiment, drawn from its results.json and the runs' metrics.jsonl.
+"""The figures of an experiment, drawn from its results.json and the runs' metrics.jsonl, and
+the four-panel overview of ``hopbus plot``.
 
-Three PNGs: mean iteration time per run as bars grouped by the runs' group (the slowdown),
-each bar labelled with its ratio to the group's reference run; mean test loss against
-wall-clock time, as a step line (the mean of every worker's latest evaluation holds until the
-next evaluation; a marker at each); training loss against iterations. The last two have one
-panel per group and a log loss axis; their curves are defined in ``curves``. A run keeps its
-colour in every figure. matplotlib is imported here only, inside the functions, and draws with
-its Agg canvas (no display needed).
+Five PNGs: mean iteration time per run as bars grouped by the runs' group (the slowdown),
+each bar labelled with its ratio to the group's reference run; then one panel per group of
+each of four curves: mean test loss against wall-clock time, as a step line (the mean of every
+worker's latest evaluation holds until the next evaluation; a marker at each); training loss
+against iterations; each worker's mean iteration time; the largest iteration gap between any
+two workers over time, with the Table 1 any-pair bound dashed. The loss axes are logarithmic;
+the curves are defined in ``curves``.
+
+Each of the four curves is a ``Panel``, drawn into a given Axes by ``draw_panel`` for a list of
+``Series`` (one per run): the experiment figures draw one group per Axes, ``overview_figure``
+(``hopbus plot``) draws every run in each of four Axes, so a rule lives in one place. A run
+keeps its label's colour in every figure. matplotlib is imported here only, inside the
+functions, and draws with its Agg canvas (no display needed).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hopbus.experiments.curves import (
     SMOOTHING,
     Curve,
+    gap_timeline,
+    iteration_time_per_worker,
     mean_test_loss_over_time,
     mean_train_loss_by_iteration,
     read_metrics,
 )
+from hopbus.experiments.results import ran
 
 ITERATION_TIME = "iteration_time.png"
 TEST_LOSS_VS_TIME = "test_loss_vs_time.png"
 TRAIN_LOSS_VS_ITERATIONS = "train_loss_vs_iterations.png"
-FIGURES = (ITERATION_TIME, TEST_LOSS_VS_TIME, TRAIN_LOSS_VS_ITERATIONS)
+ITERATION_TIME_PER_WORKER = "iteration_time_per_worker.png"
+GAP_TIMELINE = "gap_timeline.png"
+FIGURES = (
+    ITERATION_TIME,
+    TEST_LOSS_VS_TIME,
+    TRAIN_LOSS_VS_ITERATIONS,
+    ITERATION_TIME_PER_WORKER,
+    GAP_TIMELINE,
+)
 DPI = 120
+#: Line styles that tell groups apart when runs of several groups share a panel (colour is
+#: the run's label).
+GROUP_STYLES = ("-", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
+BOUND_STYLE = (0, (4, 2))
+
+
+@dataclass(frozen=True)
+class Series:
+    """One run as a panel draws it: its legend name and look, its metrics entries, and the
+    summary figures a curve needs (None where the run has none)."""
+
+    name: str
+    colour: Any
+    entries: list[dict[str, Any]]
+    wall_s: float | None = None
+    final_loss: float | None = None
+    gap_bound: float | None = None  # Table 1's any-pair bound; None: unbounded or unknown
+    linestyle: Any = "-"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """How one curve is drawn: ``title`` heads its panel (``detail`` is added where there is
+    room, the experiment figure's title), ``steps`` for values that hold until the next point,
+    ``bound`` for a dashed horizontal reference per run."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    curve: Callable[[Series], Curve]
+    detail: str = ""
+    steps: bool = False
+    markers: bool = False
+    log_y: bool = False
+    integer_x: bool = False
+    integer_y: bool = False
+    y_from_zero: bool = False
+    bound: Callable[[Series], float | None] | None = None
+    bound_label: str = ""
+
+
+def _per_worker_curve(s: Series) -> Curve:
+    per = iteration_time_per_worker(s.entries)
+    return Curve([float(w) for w in per], list(per.values()))
+
+
+TEST_LOSS_PANEL = Panel(
+    title="test loss vs wall-clock time",
+    detail="mean of every worker's latest evaluation",
+    xlabel="wall-clock time since the first worker started (s)",
+    ylabel="mean test loss",
+    curve=lambda s: mean_test_loss_over_time(s.entries, end=(s.wall_s, s.final_loss)),
+    steps=True,
+    markers=True,
+    log_y=True,  # losses span decades; the ends of the curves differ most
+)
+TRAIN_LOSS_PANEL = Panel(
+    title="training loss vs iterations",
+    detail=f"mean over workers, {SMOOTHING}-iteration moving average",
+    xlabel="iteration",
+    ylabel="training loss (minibatch)",
+    curve=lambda s: mean_train_loss_by_iteration(s.entries),
+    log_y=True,
+    integer_x=True,
+)
+ITERATION_TIME_PER_WORKER_PANEL = Panel(
+    title="mean iteration time per worker",
+    detail="time / iterations advanced",
+    xlabel="worker",
+    ylabel="mean iteration time (s)",
+    curve=_per_worker_curve,
+    markers=True,
+    integer_x=True,
+    y_from_zero=True,  # the spread between workers at its true scale
+)
+GAP_PANEL = Panel(
+    title="largest iteration gap between any two workers",
+    xlabel="wall-clock time since the first worker started (s)",
+    ylabel="iteration gap (max - min)",
+    curve=lambda s: gap_timeline(s.entries),
+    steps=True,
+    integer_y=True,
+    bound=lambda s: s.gap_bound,
+    bound_label="any-pair bound (Table 1)",
+)
+#: The four panels of ``hopbus plot``, row by row.
+OVERVIEW = (TEST_LOSS_PANEL, TRAIN_LOSS_PANEL, ITERATION_TIME_PER_WORKER_PANEL, GAP_PANEL)
 
 
 def _groups(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -52,13 +161,91 @@ def _group_title(group: str, members: list[dict[str, Any]]) -> str:
     return f"{group}\n(slowdown {slowdown})" if slowdown and slowdown != group else group
 
 
-def _new_figure(width: float, height: float, panels: int = 1) -> tuple[Any, Any]:
+def _finite(x: Any) -> float | None:
+    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else None
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A run's summary.json, or {} when it is missing or does not parse (a run cut short):
+    the figures then draw what the metrics alone give."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def any_pair_bound(summary: dict[str, Any]) -> float | None:
+    """The Table 1 any-pair bound a summary reports; None where it is infinite (null)."""
+    bound = summary.get("gap_bound")
+    return _finite(bound.get("any_pair")) if isinstance(bound, dict) else None
+
+
+def run_series(
+    folder: Path,
+    name: str,
+    colour: Any,
+    summary: dict[str, Any],
+    *,
+    wall_s: Any = None,
+    final_loss: Any = None,
+    linestyle: Any = "-",
+) -> Series:
+    """A run folder's series: its metrics.jsonl, the end of its test-loss curve (``wall_s``,
+    ``final_loss``, from the summary unless given) and its gap bound. ``colour`` None: the
+    palette's first, as a lone run gets in an experiment."""
+    return Series(
+        name=name,
+        colour=colour if colour is not None else _colours([name])[name],
+        entries=read_metrics(folder / "metrics.jsonl"),
+        wall_s=_finite(wall_s if wall_s is not None else summary.get("wall_s")),
+        final_loss=_finite(final_loss if final_loss is not None else summary.get("final_loss")),
+        gap_bound=any_pair_bound(summary),
+        linestyle=linestyle,
+    )
+
+
+def experiment_series(
+    results: dict[str, Any],
+    folder: Path,
+    runs: list[dict[str, Any]] | None = None,
+    *,
+    qualified: bool = False,
+    summary: Callable[[Path], dict[str, Any]] = read_summary,
+) -> list[Series]:
+    """A series per run of ``runs`` (default: all of ``results``), coloured by label over all
+    of ``results`` so a label keeps its colour whatever is drawn. ``qualified`` names them
+    ``group/label`` and gives each group its line style (runs of several groups in a panel)."""
+    every = results["runs"]
+    colours = _colours(_labels(every))
+    styles = {g: GROUP_STYLES[i % len(GROUP_STYLES)] for i, g in enumerate(_groups(every))}
+    out = []
+    for r in every if runs is None else runs:
+        run_folder = folder / r["folder"]
+        out.append(
+            run_series(
+                run_folder,
+                f"{r['group']}/{r['label']}" if qualified else r["label"],
+                colours[r["label"]],
+                summary(run_folder / "summary.json"),
+                wall_s=r.get("wall_s"),
+                final_loss=r.get("final_loss"),
+                linestyle=styles[r["group"]] if qualified else "-",
+            )
+        )
+    return out
+
+
+def _new_figure(
+    width: float, height: float, panels: int = 1, rows: int = 1, sharey: bool = True
+) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
+    axes = fig.subplots(rows, panels, sharey=sharey, squeeze=False).ravel()
     return fig, axes
 
 
@@ -76,8 +263,9 @@ def iteration_time_figure(results: dict[str, Any], path: Path) -> Path:
         for r in members:
             x = gi - 0.4 + width * (labels.index(r["label"]) + 0.5)
             mean = (r.get("iter_time_s") or {}).get("mean")
-            if r.get("failure") is not None or mean is None:
-                ax.text(x, 0, "failed", rotation=90, ha="center", va="bottom", fontsize=7)
+            if not ran(r) or mean is None:
+                word = "skipped" if r.get("skipped") is not None else "failed"
+                ax.text(x, 0, word, rotation=90, ha="center", va="bottom", fontsize=7)
                 continue
             ax.bar(x, mean, width, color=colours[r["label"]], edgecolor="black", linewidth=0.4)
             ratio = rat.get("mean_iter_time", {}).get(r["label"])
@@ -101,7 +289,7 @@ def iteration_time_figure(results: dict[str, Any], path: Path) -> Path:
     handles = [
         _patch(colours[label], label)
         for label in labels
-        if any(r["label"] == label and r.get("failure") is None for r in runs)
+        if any(r["label"] == label and ran(r) for r in runs)
     ]
     if handles:
         fig.legend(handles=handles, title="run", loc="outside right upper")
@@ -127,113 +315,180 @@ def _plain_log_axis(ax: Any) -> None:
     ax.yaxis.set_minor_formatter(plain if hi / lo < 20 else NullFormatter())
 
 
-def _curve_figure(
-    results: dict[str, Any],
-    curves: dict[tuple[str, str], Curve],
-    path: Path,
-    *,
-    title: str,
-    xlabel: str,
-    ylabel: str,
-    steps: bool = False,
-    integer_x: bool = False,
-) -> Path:
-    """One panel per group, a line per run; ``steps`` draws values that hold until the next
-    point (a latest-evaluation mean), with a marker at each."""
+def _draw_bounds(ax: Any, panel: Panel, drawn: list[Series]) -> Any:
+    """``panel.bound`` of the drawn runs, dashed: one black line when every run has the same
+    finite bound, else a line per run in its colour; each value written once. Returns a
+    legend handle, or None when no run has a finite bound."""
+    from matplotlib.lines import Line2D
+
+    if panel.bound is None:
+        return None
+    bounds = [(s, b) for s in drawn if (b := panel.bound(s)) is not None]
+    if not bounds:
+        return None
+    common = len(bounds) == len(drawn) and len({b for _, b in bounds}) == 1
+    for s, b in bounds[:1] if common else bounds:
+        ax.axhline(b, color="black" if common else s.colour, linestyle=BOUND_STYLE, linewidth=1.0)
+    for b in sorted({b for _, b in bounds}):
+        ax.annotate(
+            f"{b:g}",
+            (0, b),
+            xycoords=("axes fraction", "data"),
+            xytext=(2, 1),
+            textcoords="offset points",
+            va="bottom",
+            fontsize=7,
+        )
+    ax.margins(y=0.1)
+    colour = "black" if common else "grey"
+    return Line2D([], [], color=colour, linestyle=BOUND_STYLE, linewidth=1.0)
+
+
+def draw_panel(ax: Any, panel: Panel, series: list[Series], *, title: str | None = None) -> dict:
+    """Draw ``panel``'s curve of every series into ``ax`` (the one drawing rule of each curve,
+    used by the experiment figures and ``hopbus plot``); the runs without data are named in
+    the panel. Returns legend handles by name. A log y axis is set by ``finish_panel``, once
+    every panel sharing the axis is drawn."""
     from matplotlib.ticker import MaxNLocator
 
-    runs = results["runs"]
-    groups = _groups(runs)
-    colours = _colours(_labels(runs))
+    handles: dict[str, Any] = {}
+    drawn: list[Series] = []
+    missing: list[str] = []
+    for s in series:
+        c = panel.curve(s)
+        if not c.x:
+            missing.append(s.name)
+            continue
+        (line,) = ax.plot(
+            c.x,
+            c.y,
+            color=s.colour,
+            linestyle=s.linestyle,
+            drawstyle="steps-post" if panel.steps else "default",
+            marker="o" if panel.markers else None,
+            markersize=2.5 if panel.steps else 4,
+            linewidth=1.2,
+        )
+        if panel.y_from_zero:  # 0 in the data limits, and no margin below it
+            ax.update_datalim([(c.x[0], 0.0)])
+            line.sticky_edges.y.append(0.0)
+        handles.setdefault(s.name, line)
+        drawn.append(s)
+    bound = _draw_bounds(ax, panel, drawn)
+    if bound is not None:
+        handles[panel.bound_label] = bound
+    if not drawn:
+        text = "no data" + (f": {', '.join(missing)}" if missing else "")
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", wrap=True)
+    elif missing:
+        ax.text(
+            0.98, 0.98, f"no data: {', '.join(missing)}", transform=ax.transAxes,
+            ha="right", va="top", fontsize=7,
+            bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0},
+        )  # fmt: skip
+    ax.set_title(panel.title if title is None else title, fontsize=10)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    if panel.integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if panel.integer_y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return handles
+
+
+def finish_panel(axes: list[Any], panel: Panel) -> None:
+    """What needs every curve on the axes (those sharing one y axis) drawn first: the plain
+    log scale of loss axes."""
+    if panel.log_y and any(ax.has_data() for ax in axes):
+        _plain_log_axis(axes[0])
+
+
+def _legend(fig: Any, handles: list[dict[str, Any]]) -> None:
+    """One legend for the figure: every run once, in the order drawn; reference lines last."""
+    runs: dict[str, Any] = {}
+    refs: dict[str, Any] = {}
+    references = {p.bound_label for p in OVERVIEW if p.bound is not None}
+    for got in handles:
+        for name, h in got.items():
+            (refs if name in references else runs).setdefault(name, h)
+    merged = {**runs, **refs}
+    if merged:
+        fig.legend(list(merged.values()), list(merged), title="run", loc="outside right upper")
+
+
+def _group_figure(results: dict[str, Any], series: list[Series], panel: Panel, path: Path) -> Path:
+    """One panel per group (``series[i]`` is ``results["runs"][i]``), a shared y axis, one
+    legend."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(results["runs"]):
+        groups.setdefault(r["group"], []).append(i)
     fig, axes = _new_figure(1.0 + 4.6 * len(groups), 4.4, panels=max(1, len(groups)))
-    seen: dict[str, Any] = {}
+    handles = []
     for ax, (group, members) in zip(axes, groups.items(), strict=False):
-        drawn = 0
-        for r in members:
-            c = curves.get((group, r["label"]))
-            if c is None or not c.x:
-                continue
-            (line,) = ax.plot(
-                c.x,
-                c.y,
-                color=colours[r["label"]],
-                drawstyle="steps-post" if steps else "default",
-                marker="o" if steps else None,
-                markersize=2.5,
-                linewidth=1.2,
-            )
-            seen.setdefault(r["label"], line)
-            drawn += 1
-        if not drawn:
-            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
-        ax.set_title(_group_title(group, members).replace("\n", " "), fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-        if integer_x:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].set_ylabel(ylabel)
-    _plain_log_axis(axes[0])  # losses span decades; the ends of the curves differ most
-    if seen:
-        fig.legend(list(seen.values()), list(seen), title="run", loc="outside right upper")
-    fig.suptitle(title)
+        title = _group_title(group, [results["runs"][i] for i in members])
+        handles.append(
+            draw_panel(ax, panel, [series[i] for i in members], title=title.replace("\n", " "))
+        )
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    finish_panel(list(axes), panel)
+    _legend(fig, handles)
+    detail = f" ({panel.detail})" if panel.detail else ""
+    fig.suptitle(f"{results.get('scenario', 'experiment')}: {panel.title}{detail}")
     fig.savefig(path, dpi=DPI)
     return path
 
 
-def _metrics(folder: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
-    return read_metrics(folder / run["folder"] / "metrics.jsonl")
+def overview_figure(series: list[Series], path: Path, *, title: str) -> Path:
+    """``hopbus plot``: the four ``OVERVIEW`` panels, 2 x 2, every series in each."""
+    fig, axes = _new_figure(13.0, 8.8, panels=2, rows=2, sharey=False)
+    handles = []
+    for ax, panel in zip(axes, OVERVIEW, strict=True):
+        handles.append(draw_panel(ax, panel, series))
+        finish_panel([ax], panel)
+    _legend(fig, handles)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
 
 
 def loss_vs_time_figure(results: dict[str, Any], folder: Path, path: Path) -> Path:
-    curves = {
-        (r["group"], r["label"]): mean_test_loss_over_time(
-            _metrics(folder, r), end=(r.get("wall_s"), r.get("final_loss"))
-        )
-        for r in results["runs"]
-    }
-    return _curve_figure(
-        results,
-        curves,
-        path,
-        title=f"{results.get('scenario', 'experiment')}: test loss vs wall-clock time "
-        "(mean of every worker's latest evaluation)",
-        xlabel="wall-clock time since the first worker started (s)",
-        ylabel="mean test loss",
-        steps=True,
-    )
+    return _group_figure(results, experiment_series(results, folder), TEST_LOSS_PANEL, path)
 
 
 def loss_vs_iterations_figure(results: dict[str, Any], folder: Path, path: Path) -> Path:
-    curves = {
-        (r["group"], r["label"]): mean_train_loss_by_iteration(_metrics(folder, r))
-        for r in results["runs"]
-    }
-    return _curve_figure(
-        results,
-        curves,
-        path,
-        title=f"{results.get('scenario', 'experiment')}: training loss vs iterations "
-        f"(mean over workers, {SMOOTHING}-iteration moving average)",
-        xlabel="iteration",
-        ylabel="training loss (minibatch)",
-        integer_x=True,
-    )
+    return _group_figure(results, experiment_series(results, folder), TRAIN_LOSS_PANEL, path)
 
 
 def write_figures(results: dict[str, Any], folder: Path) -> list[Path]:
     """Every figure of ``results`` (a results.json object) into ``folder``, where its runs'
     folders are; returns their paths."""
-    return [
-        iteration_time_figure(results, folder / ITERATION_TIME),
-        loss_vs_time_figure(results, folder, folder / TEST_LOSS_VS_TIME),
-        loss_vs_iterations_figure(results, folder, folder / TRAIN_LOSS_VS_ITERATIONS),
+    series = experiment_series(results, folder)
+    panels = {
+        TEST_LOSS_VS_TIME: TEST_LOSS_PANEL,
+        TRAIN_LOSS_VS_ITERATIONS: TRAIN_LOSS_PANEL,
+        ITERATION_TIME_PER_WORKER: ITERATION_TIME_PER_WORKER_PANEL,
+        GAP_TIMELINE: GAP_PANEL,
+    }
+    return [iteration_time_figure(results, folder / ITERATION_TIME)] + [
+        _group_figure(results, series, panels[name], folder / name) for name in FIGURES[1:]
     ]
 
 
 __all__ = [
     "FIGURES",
+    "OVERVIEW",
+    "Panel",
+    "Series",
+    "draw_panel",
+    "experiment_series",
+    "finish_panel",
     "iteration_time_figure",
     "loss_vs_iterations_figure",
     "loss_vs_time_figure",
+    "overview_figure",
+    "read_summary",
+    "run_series",
     "write_figures",
 ]

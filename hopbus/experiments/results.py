@@ -1,18 +1,22 @@
 """What results.json says about the runs: one record per run, the ratios to each group's
-reference run, and the table rows. Pure functions of the summaries, so ``hopbus plot`` and the
-tests can rebuild them from a results.json alone."""
+reference run, the table rows and the scenario's claims. Pure functions of the summaries, so
+``hopbus plot`` and the tests can rebuild them from a results.json alone."""
 
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Iterable
 from typing import Any
 
-from hopbus.experiments.scenarios import RunPlan
+from hopbus.experiments.scenarios import Claim, RunPlan
+from hopbus.modes import HOP_MODES
 
 #: The table's columns, in order; the rows hold strings, ready to print.
 COLUMNS = (
     "group",
     "run",
+    "spectral",
     "iter s",
     "p50 s",
     "vs ref",
@@ -47,11 +51,14 @@ def run_record(
     failure: str | None,
     warnings: list[str],
     elapsed_s: float,
+    skipped: str | None = None,
 ) -> dict[str, Any]:
     """One run in results.json: its settings (``config``: the full TrainConfig when it could
-    be built, else the settings asked for), the summary's key figures, and what went wrong."""
+    be built, else the settings asked for), the summary's key figures, what went wrong, and
+    why it did not run (``skipped``: an optional package missing)."""
     s = summary or {}
     times = s.get("iter_time_s") or {}
+    topo = s.get("topology") or {}
     rec: dict[str, Any] = {
         "label": plan.label,
         "group": plan.group,
@@ -59,7 +66,13 @@ def run_record(
         "run_id": run_id,
         "folder": folder,
         "config": config if config is not None else plan.values,
-        "iter_time_s": {"mean": times.get("mean"), "p50": times.get("p50")},
+        "iter_time_s": {
+            "mean": times.get("mean"),
+            "p50": times.get("p50"),
+            "per_worker": times.get("per_worker"),
+        },
+        "topology": topo.get("name"),
+        "spectral_gap": topo.get("spectral_gap") if _decentralized(config or plan.values) else None,
         "final_loss": s.get("final_loss"),
         "final_accuracy": s.get("final_accuracy"),
         "time_to_target": s.get("time_to_target"),
@@ -67,6 +80,7 @@ def run_record(
         "violations": s.get("violations"),
         "finished": s.get("finished", False),
         "failure": failure,
+        "skipped": skipped,
         "warnings": warnings,
         "elapsed_s": elapsed_s,
     }
@@ -76,11 +90,28 @@ def run_record(
     return finite(rec)
 
 
+def _decentralized(config: dict[str, Any]) -> bool:
+    """Whether the run averages over its graph (a Hop mode): only then is the graph's spectral
+    gap the run's (the related schemes report the complete graph they are planned on)."""
+    return config.get("mode", "standard") in HOP_MODES
+
+
 def mean_iter_time(run: dict[str, Any]) -> float | None:
     """A run's mean iteration time, or None if it failed or has none."""
     mean = (run.get("iter_time_s") or {}).get("mean")
-    ok = run.get("failure") is None and isinstance(mean, int | float) and mean > 0
+    ok = ran(run) and isinstance(mean, int | float) and mean > 0
     return float(mean) if ok else None
+
+
+def ran(run: dict[str, Any]) -> bool:
+    """Whether the run ran to its end (not failed, not skipped)."""
+    return run.get("failure") is None and run.get("skipped") is None
+
+
+def time_to_target(run: dict[str, Any]) -> float | None:
+    """Seconds until the workers' mean test loss reached the target, None if it never did."""
+    t = run.get("time_to_target")
+    return float(t) if ran(run) and isinstance(t, int | float) and t >= 0 else None
 
 
 def ratios(runs: list[dict[str, Any]], reference: str | None) -> dict[str, dict[str, Any]]:
@@ -133,9 +164,11 @@ def wait_per_iteration(run: dict[str, Any]) -> float | None:
 
 
 def status(run: dict[str, Any]) -> str:
-    """``ok``, ``failed``, or ``N violations`` (a Table 1 bound broken: a bug)."""
+    """``ok``, ``failed``, ``skipped`` or ``N violations`` (a Table 1 bound broken: a bug)."""
     if run.get("failure") is not None:
         return "failed"
+    if run.get("skipped") is not None:
+        return "skipped"
     return f"{run['violations']} violations" if run.get("violations") else "ok"
 
 
@@ -155,6 +188,7 @@ def table(runs: list[dict[str, Any]], rat: dict[str, dict[str, Any]]) -> dict[st
             [
                 r["group"],
                 r["label"],
+                _num(r.get("spectral_gap"), ".3f"),
                 _num(times.get("mean"), ".4f"),
                 _num(times.get("p50"), ".4f"),
                 vs,
@@ -170,14 +204,84 @@ def table(runs: list[dict[str, Any]], rat: dict[str, dict[str, Any]]) -> dict[st
     return {"columns": list(COLUMNS), "rows": rows}
 
 
+MEASURES = {
+    "iter": ("mean iteration time", mean_iter_time),
+    "target": ("time to target", time_to_target),
+}
+OPS = {">": operator.gt, ">=": operator.ge, "<=": operator.le, "<": operator.lt}
+
+
+def _find(runs: list[dict[str, Any]], key: tuple[str, str]) -> dict[str, Any] | None:
+    return next((r for r in runs if (r["group"], r["label"]) == key), None)
+
+
+def judge(claim: Claim, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A claim's ratio and whether it held: ``holds`` None when a run it needs is missing,
+    failed or skipped. A run that never reached the target loss is infinitely slow to it."""
+    name, measure = MEASURES[claim.measure]
+    num, den = _find(runs, claim.num), _find(runs, claim.den)
+    out: dict[str, Any] = {
+        "claim": claim.text,
+        "measure": name,
+        "ratio_of": ["/".join(claim.num), "/".join(claim.den)],
+        "op": claim.op,
+        "threshold": claim.threshold,
+        "value": None,
+        "holds": None,
+        "note": None,
+    }
+    for key, run in ((claim.num, num), (claim.den, den)):
+        if run is None or not ran(run):
+            out["note"] = f"{'/'.join(key)} {'did not run' if run is None else status(run)}"
+            return out
+    assert num is not None and den is not None
+    a, b = measure(num), measure(den)
+    if b is None:
+        out["note"] = f"{'/'.join(claim.den)}: no {name}"
+        return out
+    if a is None:  # the slower run never got there: faster by any ratio
+        out["note"] = f"{'/'.join(claim.num)} never reached the target loss"
+        out["value"] = math.inf
+    else:
+        out["value"] = a / b
+    if claim.op is not None and claim.threshold is not None:
+        out["holds"] = bool(OPS[claim.op](out["value"], claim.threshold))
+    return out
+
+
+def claims(scenario_claims: Iterable[Claim], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every claim judged, then one more every scenario makes: every run that ran broke no
+    Table 1 bound (0 violations) and finished."""
+    out = [judge(c, runs) for c in scenario_claims]
+    done = [r for r in runs if ran(r)]
+    bad = [f"{r['group']}/{r['label']}" for r in done if r.get("violations") or not r["finished"]]
+    out.append(
+        {
+            "claim": "every run: 0 violations of the Table 1 bounds, finished",
+            "measure": "violations",
+            "ratio_of": None,
+            "op": "==",
+            "threshold": 0,
+            "value": len(bad),
+            "holds": not bad if done else None,
+            "note": ", ".join(bad) or None,
+        }
+    )
+    return out
+
+
 __all__ = [
     "COLUMNS",
+    "claims",
     "counters",
     "finite",
+    "judge",
     "mean_iter_time",
+    "ran",
     "ratios",
     "run_record",
     "status",
     "table",
+    "time_to_target",
     "wait_per_iteration",
 ]

@@ -2,12 +2,14 @@
 Redis, each in its own folder, then results.json and the figures.
 
 A run that cannot start (a setting this version does not know) or fails is recorded and the
-next one runs. results.json is rewritten after every run, so whatever stops the experiment
+next one runs; a run whose optional package is missing is recorded as skipped. results.json is
+rewritten after every run, so whatever stops the experiment
 (Ctrl-C, a bug) leaves the runs done so far on disk; Ctrl-C also draws the figures of those.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -21,7 +23,7 @@ from typing import Any
 
 from hopbus import __version__
 from hopbus.errors import ConfigError, UserError
-from hopbus.experiments.results import finite, ratios, run_record, table
+from hopbus.experiments.results import claims, finite, ratios, run_record, table
 from hopbus.experiments.scenarios import RunPlan, Scenario
 
 RESULTS = "results.json"
@@ -90,6 +92,7 @@ class Experiment:
             "runs": [],
             "table": None,
             "ratios": None,
+            "claims": None,
         }
 
     @property
@@ -129,7 +132,8 @@ class Experiment:
 
         folder = self.out / plan.group / plan.label
         run_id = run_id_for(self.scenario.name, plan, index, os.getpid())
-        config = summary = failure = None
+        config = summary = failure = skipped = None
+        caught: list[warnings.WarningMessage] = []
         t0 = time.monotonic()
 
         def record() -> dict[str, Any]:
@@ -140,11 +144,17 @@ class Experiment:
                 config=config,
                 summary=summary,
                 failure=failure,
-                warnings=list(dict.fromkeys(str(w.message) for w in seen)),
+                warnings=list(dict.fromkeys(str(w.message) for w in caught)),
                 elapsed_s=time.monotonic() - t0,
+                skipped=skipped,
             )
 
+        if plan.needs is not None and importlib.util.find_spec(plan.needs[0]) is None:
+            skipped = f"{plan.needs[0]} is not installed ({plan.needs[1]})"
+            return record()
+
         with warnings.catch_warnings(record=True) as seen:
+            caught = seen
             warnings.simplefilter("always")
             try:
                 cfg = make_config({**plan.values, **self.overrides}, cls=TrainConfig)
@@ -164,6 +174,7 @@ class Experiment:
         rat = ratios(self.runs, self.scenario.reference)
         self.results["ratios"] = rat
         self.results["table"] = table(self.runs, rat)
+        self.results["claims"] = claims(self.scenario.claims, self.runs)
         self.results["finished"] = _now()
         if figures and self.runs:
             from hopbus.experiments.figures import write_figures

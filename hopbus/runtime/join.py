@@ -12,8 +12,10 @@ from hopbus.runtime.node import Node, read_run_config, redis_failures
 
 def worker_for(run: str, worker: int, redis_url: str, **kw: Any) -> Node:
     """Worker ``worker`` of run ``run``, of the class its mode runs: a Hop worker, a
-    parameter-server worker or a WAGMA worker. Raises UserError as ``Node.run_loop`` does."""
+    parameter-server worker, a WAGMA worker or an all-reduce worker. Raises UserError as
+    ``Node.run_loop`` does."""
     from hopbus.config import TrainConfig
+    from hopbus.runtime.allreduce_worker import AllReduceWorker
     from hopbus.runtime.ps_worker import PSWorker
     from hopbus.runtime.wagma_worker import WagmaWorker
     from hopbus.runtime.worker import Worker
@@ -23,5 +25,10 @@ def worker_for(run: str, worker: int, redis_url: str, **kw: Any) -> Node:
     with redis_failures(f"worker {worker}", run):
         client = connect(redis_url, timeout=timeout)
         cfg, _ = read_run_config(client, keys, timeout)
-    cls = {Family.HOP: Worker, Family.PS: PSWorker, Family.WAGMA: WagmaWorker}[cfg.mode.family]
+    cls: type[Node] = {
+        Family.HOP: Worker,
+        Family.PS: PSWorker,
+        Family.WAGMA: WagmaWorker,
+        Family.ALLREDUCE: AllReduceWorker,
+    }[cfg.mode.family]
     return cls(run, worker, redis_url, client=client, **kw)

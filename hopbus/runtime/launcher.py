@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import redis
 
 from hopbus import __version__
+from hopbus.baselines.allreduce import check_slowdown
 from hopbus.config import TrainConfig
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import check_url, connect, redact
@@ -33,7 +34,7 @@ from hopbus.coord.runs import create_run, set_status
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.modes import Family
+from hopbus.modes import Family, Mode
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
@@ -62,9 +63,9 @@ def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSp
     assert isinstance(cfg2, TrainConfig)
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
-    Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).check_links(
-        topo.graph.has_edge, topo.name
-    )
+    het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(topo.graph, topo.name)
+    if cfg2.mode is Mode.ALLREDUCE:
+        check_slowdown(het)
     from hopbus.data import shard
     from hopbus.models import build_model
 

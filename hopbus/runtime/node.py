@@ -138,8 +138,9 @@ class Node:
         self.cfg, self.topo = cfg, topo
         self._place()
         self.faults = Faults.for_worker(self.node)
-        self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
-        self.het.check_links(topo.graph.has_edge, topo.name)
+        self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(
+            topo.graph, topo.name
+        )
         self.control = RunControl(self.r, self.keys, self.node)
 
     def _place(self) -> None:
@@ -161,17 +162,32 @@ class Node:
         """Bind the inbox, register, start the heartbeat, connect to ``peers``."""
         self.ctx = zmq.Context()
         try:
-            self.inbox = Inbox(self.ctx, self.bind, validator, on_message, hwm=hwm)
+            self.inbox = Inbox(
+                self.ctx, self.bind, validator, on_message, hwm=hwm, delay=self._link_delay()
+            )
         except TransportError as exc:
             raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
         self.inbox.start()
+        self._announce(advertised(self.inbox.endpoint, self.advertise))
+        self.outbox = self._outbox(peers, out_hwm)
+
+    def _announce(self, endpoint: str) -> None:
+        """Register ``endpoint`` and start the heartbeat: after binding the inbox, or for a
+        node that has no inbox (an all-reduce worker, reached through gloo)."""
         self.faults.before_register()
-        self.endpoint = advertised(self.inbox.endpoint, self.advertise)
-        self.control.register(self.endpoint)
+        self.endpoint = endpoint
+        self.control.register(endpoint)
         self.heartbeat = Heartbeat(
             self.control, min(HEARTBEAT_MAX_S, self.timeout), stats=self.stats
         ).start()
-        self.outbox = self._outbox(peers, out_hwm)
+
+    def _link_delay(self) -> Callable[[int], float] | None:
+        """How long the inbox holds a message from each sender: the run's emulated link
+        delays into this node (``--slowdown link:...`` / ``machines:...``), None without any."""
+        if not self.het.has_link_delays:
+            return None
+        het, me = self.het, self.node
+        return lambda src: het.link_delay(src, me)
 
     def _outbox(self, peers: Sequence[int], hwm: int) -> Outbox:
         assert self.ctx is not None

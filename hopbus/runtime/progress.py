@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from hopbus.baselines.allreduce import scheme_counters as allreduce_counters
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
@@ -181,7 +182,7 @@ def summarize_run(
             "progress_out_of_order": replay.out_of_order,
         },
         "blocked": blocked,
-        "topology": {"name": topo.name, "diameter": topo.diameter},
+        "topology": topo.brief,
         "runtime_s": runtime_s,
         "final_loss": _mean([r.get("final_loss") for r in res]),
         "final_accuracy": _mean([r.get("final_accuracy") for r in res]),
@@ -212,10 +213,13 @@ def scheme_summary(
     mode: Mode, results: dict[int, dict[str, Any]], server: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The summary's ``scheme`` object: the mode, its family, and the scheme's own counters
-    (a parameter server's from its report; the workers' summed otherwise)."""
+    (a parameter server's from its report; the all-reduce's as baselines.allreduce adds them
+    up; the workers' summed otherwise)."""
     family = mode.family
     if family is Family.PS:
         counters = {k: v for k, v in (server or {}).items() if k not in _PS_NOT_COUNTERS}
+    elif family is Family.ALLREDUCE:
+        counters = allreduce_counters(results.values())
     else:
         counters = {
             k: sum(int(r.get(k, 0)) for r in results.values()) for k in SCHEME_COUNTERS[family]

@@ -139,7 +139,7 @@ class Simulation:
         self.compute_time = compute_time
         self.latency = latency
         self.jitter = jitter
-        self._same_delay = not jitter and not heterogeneity.links  # one event per Send
+        self._same_delay = not jitter and not heterogeneity.has_link_delays  # one event per Send
         self._rng = random.Random(seed)
         self.on_progress = on_progress
         self.specs = plan(settings, topology)

@@ -14,23 +14,26 @@ from hopbus.sim.ps import PSSimulation
 from hopbus.summary import progress_summary
 from hopbus.topology import Topology
 
+CLUSTER_ONLY = (Family.WAGMA, Family.ALLREDUCE)  # schemes without a virtual-time driver here
+
 
 def prepare(
     cfg: RunConfig,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[RunConfig, Simulation]:
     """Build and validate everything a simulation needs; raises UserError on bad input."""
-    if cfg.mode.family is Family.WAGMA:
+    if cfg.mode.family in CLUSTER_ONLY:
         raise ConfigError(
             f"--mode {cfg.mode} runs on the cluster only (hopbus train); hopbus sim simulates "
             f"Hop's modes ({', '.join(HOP_MODES)}) and the parameter server's (ps-*)"
         )
     cfg, topo = cfg.build_topology()
-    het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed)
-    het.check_links(topo.graph.has_edge, topo.name)
+    het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(topo.graph, topo.name)
     if cfg.mode.family is Family.PS:
-        if het.links:
-            raise ConfigError(f"--slowdown link:... has no meaning with --mode {cfg.mode}")
+        if het.has_link_delays:
+            raise ConfigError(
+                f"--slowdown link:... and machines:... have no meaning with --mode {cfg.mode}"
+            )
         ps = PSSimulation(
             topo,
             cfg.scheme_settings(),
@@ -87,7 +90,7 @@ def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, An
             }
             for b in result.blocked
         ],
-        "topology": {"name": topo.name, "diameter": topo.diameter},
+        "topology": topo.brief,
         "runtime_s": result.runtime_s,
         "scheme": result.scheme
         or {

@@ -31,10 +31,11 @@ class GapSetting:
     """The protocol settings Table 1 depends on. ``max_ig == 0`` means no token queues.
 
     The related schemes run on a complete graph (everyone depends on everyone, through the
-    parameter server or the global average), so their bound is ``forward`` for every pair:
-    ps-bsp 1, ps-ssp ``staleness + 1`` (a worker waits at the bound *after* its push, still
-    counted in its last iteration), wagma ``period`` (the global average every tau
-    iterations); ps-asp, ps-backup and ps-elastic have none.
+    parameter server, the global average or the all-reduce), so their bound is ``forward`` for
+    every pair: ps-bsp and allreduce 1 (lock-step: nobody enters k + 2 before everyone's
+    gradient of k + 1 went into the sum), ps-ssp ``staleness + 1`` (a worker waits at the
+    bound *after* its push, still counted in its last iteration), wagma ``period`` (the global
+    average every tau iterations); ps-asp, ps-backup and ps-elastic have none.
     """
 
     mode: Mode
@@ -45,7 +46,7 @@ class GapSetting:
     @property
     def forward(self) -> float:
         """b0: how far a worker may be ahead of an in-neighbour whose updates it needs."""
-        if self.mode in (Mode.STANDARD, Mode.NOTIFY_ACK, Mode.PS_BSP):
+        if self.mode in (Mode.STANDARD, Mode.NOTIFY_ACK, Mode.PS_BSP, Mode.ALLREDUCE):
             return 1
         if self.mode in (Mode.STALENESS, Mode.PS_SSP):
             return self.staleness + 1

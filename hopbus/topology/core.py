@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from functools import cached_property
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -74,6 +75,11 @@ class Topology:
         if self.n > SPECTRAL_LIMIT:
             return None
         return analysis.spectral_gap(self.weights)
+
+    @property
+    def brief(self) -> dict[str, Any]:
+        """What a run's summary says about its graph."""
+        return {"name": self.name, "diameter": self.diameter, "spectral_gap": self.spectral_gap}
 
     @property
     def doubly_stochastic(self) -> bool:

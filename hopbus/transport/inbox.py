@@ -9,11 +9,18 @@ each in-neighbour's queue, not the inbox's total. The protocol never lets a send
 updates outstanding towards one receiver than the receiver's store has slots (Table 1), so with
 ``hwm`` at least that (plus ACKs and slack) the mark is never reached under correct operation
 and no valid update waits.
+
+Emulated slow links (``--slowdown link:...`` or ``machines:...``): given ``delay``, the
+receiver thread holds each valid message for ``delay(src)`` seconds before handing it over, in
+arrival order per sender, so the callback still runs on this one thread only.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
+import time
 from collections.abc import Callable
 
 import zmq
@@ -38,6 +45,9 @@ class Inbox:
     ``on_message`` runs on the receiver thread and does its own locking. If it raises, that is
     a bug in the owner: the exception is kept in ``error`` and the thread stops, so the owner can
     re-raise it (``check()``) rather than have it vanish in a thread.
+
+    ``delay(src)``: seconds a message from ``src`` is held before delivery (emulated link
+    latency); None or 0 delivers at once.
     """
 
     def __init__(
@@ -48,9 +58,13 @@ class Inbox:
         on_message: Callable[[Message], None],
         *,
         hwm: int,
+        delay: Callable[[int], float] | None = None,
     ) -> None:
         self.validator = validator
         self._on_message = on_message
+        self._delay = delay
+        self._held: list[tuple[float, int, Message]] = []  # (due, arrival order, message)
+        self._order = itertools.count()
         self._drops = dict.fromkeys(DROP_REASONS, 0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -115,11 +129,11 @@ class Inbox:
         poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not poller.poll(POLL_MS):
-                    continue
-                for _ in range(DRAIN_BATCH):
-                    if not self._receive_one(sock):
-                        break
+                if poller.poll(self._poll_ms()):
+                    for _ in range(DRAIN_BATCH):
+                        if not self._receive_one(sock):
+                            break
+                self._deliver_due()
         except zmq.ContextTerminated:
             sock.close(linger=0)  # the owner is tearing down: let ctx.term() finish
         except BaseException as exc:
@@ -143,4 +157,20 @@ class Inbox:
                 self._drops[exc.reason] += 1
             return
         self.received += 1
-        self._on_message(msg)
+        hold = self._delay(msg.src) if self._delay is not None else 0.0
+        if hold > 0:
+            heapq.heappush(self._held, (time.monotonic() + hold, next(self._order), msg))
+        else:
+            self._on_message(msg)
+
+    def _poll_ms(self) -> int:
+        """Wait for a message no longer than until the first held one is due."""
+        if not self._held:
+            return POLL_MS
+        wait = self._held[0][0] - time.monotonic()
+        return max(0, min(POLL_MS, int(wait * 1000) + 1))
+
+    def _deliver_due(self) -> None:
+        now = time.monotonic()
+        while self._held and self._held[0][0] <= now:
+            self._on_message(heapq.heappop(self._held)[2])

@@ -156,7 +156,7 @@ def test_list_and_no_name_show_the_scenarios():
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["nope"], "unknown scenario 'nope'; known: schemes"),
+        (["nope"], "unknown scenario 'nope'; known: random-slowdown, deterministic-slowdown"),
         (["schemes", "--only", "standard,nope"], "its runs: standard, backup, ps-bsp"),
         (["schemes", "--set", "colour=red"], "--set colour: not a setting"),
         (["schemes", "--set", "iterations=many"], "--set: iterations"),
@@ -258,7 +258,7 @@ def test_a_record_keeps_key_figures_and_the_schemes_counters_as_json():
         waiting={"per_iteration_s": 0.02},
     )  # fmt: skip
     assert rec["mode"] == "ps-ssp" and rec["config"] == {"mode": "ps-ssp"}
-    assert rec["iter_time_s"] == {"mean": 0.1, "p50": 0.05}
+    assert rec["iter_time_s"] == {"mean": 0.1, "p50": 0.05, "per_worker": [0.1]}
     assert rec["scheme"]["counters"]["mean_held_s"] is None  # NaN is not JSON
     json.dumps(rec, allow_nan=False)
     assert counters(rec) == "dropped_gradients=3 extra.n=2"  # zeros, None and flags left out
@@ -331,5 +331,6 @@ def test_figures_are_png_even_with_a_failed_run_and_a_broken_metrics_line(tmp_pa
     assert len(read_metrics(tmp_path / "random-6x/standard/metrics.jsonl")) == 80
     results = {"scenario": "t", "runs": runs, "ratios": ratios(runs, "ps-bsp")}
     paths = write_figures(results, tmp_path)
-    assert [p.name for p in paths] == list(FIGURES)
+    assert [p.name for p in paths] == list(FIGURES) and len(paths) == 5
+    assert {"iteration_time_per_worker.png", "gap_timeline.png"} <= set(FIGURES)
     assert all(_is_png(p) and p.stat().st_size > 10_000 for p in paths)

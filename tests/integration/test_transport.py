@@ -92,10 +92,11 @@ def inbox_for(
     collector: Collector | None = None,
     layout=LAYOUT,
     hwm: int = 1000,
+    delay=None,
 ) -> tuple[Inbox, Collector]:
     collector = collector or Collector()
     v = Validator(RUN, N, update_from, ack_from, layout, max_iteration=10_000)
-    inbox = Inbox(ctx, LOCAL, v, collector, hwm=hwm)
+    inbox = Inbox(ctx, LOCAL, v, collector, hwm=hwm, delay=delay)
     inbox.start()
     return inbox, collector
 
@@ -123,6 +124,45 @@ def test_updates_go_forward_and_acks_come_back(ctx):
         out1.close()
         in0.close()
         in1.close()
+
+
+class Stamped(Collector):
+    """A collector that also notes when each message was handed over, and on which thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+        self.threads: set[int] = set()
+
+    def __call__(self, msg: Message) -> None:
+        self.at.append(time.monotonic())
+        self.threads.add(threading.get_ident())
+        super().__call__(msg)
+
+
+def test_a_slow_link_holds_its_messages_and_keeps_their_order(ctx):
+    # emulated link latency: worker 1's messages are held 1 s, worker 2's go straight through
+    got = Stamped()
+    inbox, _ = inbox_for(ctx, 3, update_from=[1, 2], collector=got,
+                         delay=lambda src: 1.0 if src == 1 else 0.0)  # fmt: skip
+    slow = Outbox(ctx, {3: inbox.endpoint}, hwm=10, send_timeout_s=5)
+    fast = Outbox(ctx, {3: inbox.endpoint}, hwm=10, send_timeout_s=5)
+    try:
+        sent = time.monotonic()
+        for k in range(3):
+            slow.send([3], encode_update(RUN, 1, k, snapshot(k)))
+        wait_until(lambda: inbox.received == 3)  # arrived, and held
+        fast.send([3], encode_update(RUN, 2, 0, snapshot(0)))
+        got.wait_for(lambda ms: len(ms) == 4)
+        order = [(m.src, m.iteration) for m in got.messages]
+        assert order == [(2, 0), (1, 0), (1, 1), (1, 2)]  # the fast one overtook, FIFO per link
+        assert all(t - sent >= 1.0 for t in got.at[1:])  # held at least the link's delay
+        assert len(got.threads) == 1  # delivered on the receiver thread only
+        assert inbox.received == 4
+    finally:
+        slow.close()
+        fast.close()
+        inbox.close()
 
 
 def test_one_send_reaches_every_peer_once(ctx):
