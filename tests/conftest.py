@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,11 @@ _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("default", max_examples=150, **_common)
 settings.register_profile("thorough", max_examples=3000, **_common)  # HYPOTHESIS_PROFILE=thorough
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# A shell starts background jobs (`pytest &`, nohup) with SIGINT ignored, and children inherit
+# that: the Ctrl-C tests' hopbus processes would never see their SIGINT. Give them the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 import pytest  # noqa: E402

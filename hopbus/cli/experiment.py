@@ -53,6 +53,8 @@ def _show_table(console: Console, results: dict[str, Any]) -> None:
 def _show_claims(console: Console, claims: list[dict[str, Any]]) -> None:
     """What the scenario must show, each with its measured ratio: held, did not, or could not
     be judged (a run missing)."""
+    from hopbus.experiments.results import claim_cells
+
     if not claims:
         return
     t = Table(
@@ -64,9 +66,7 @@ def _show_claims(console: Console, claims: list[dict[str, Any]]) -> None:
         t.add_column(col, overflow="fold")
     marks = {True: "[green]held[/]", False: "[red]not held[/]", None: "[yellow]-[/]"}
     for c in claims:
-        value, op, threshold = c["value"], c["op"], c["threshold"]
-        measured = "-" if value is None else (f"{value}" if op == "==" else f"{value:.2f}x")
-        needs = "-" if op is None else f"{op} {threshold:g}" + ("" if op == "==" else "x")
+        measured, needs = claim_cells(c)
         t.add_row(marks[c["holds"]], c["claim"], measured, needs, c["note"] or "")
     console.print(t)
 

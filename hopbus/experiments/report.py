@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopbus.experiments.results import claim_cells
 from hopbus.experiments.runner import RESULTS
 
 #: The table's columns the page shows (results.json keeps them all).
@@ -36,12 +37,7 @@ def claims_markdown(results: dict[str, Any]) -> str:
     lines = ["| held | claim | measured | needs | note |", "| --- | --- | --- | --- | --- |"]
     for c in results.get("claims") or []:
         held = {True: "yes", False: "**no**", None: "-"}[c["holds"]]
-        value, op = c["value"], c["op"]
-        if value is None:
-            measured = "never" if c["note"] and "never reached" in c["note"] else "-"
-        else:
-            measured = f"{value}" if op == "==" else f"{value:.2f}x"
-        needs = "-" if op is None else f"{op} {c['threshold']:g}" + ("" if op == "==" else "x")
+        measured, needs = claim_cells(c)
         lines.append(f"| {held} | {_cell(c['claim'])} | {measured} | {needs} | {c['note'] or ''} |")
     return "\n".join(lines)
 

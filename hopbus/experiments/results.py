@@ -249,6 +249,23 @@ def judge(claim: Claim, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def claim_cells(c: dict[str, Any]) -> tuple[str, str]:
+    """A judged claim's "measured" and "needs" as printed: ``1.43x`` and ``>= 1.5x``. A ratio
+    is shown with as many decimals as it takes for the printed number to agree with the
+    verdict (1.4996 is ``1.4996x``, not a ``1.50x`` that did not hold)."""
+    value, op, threshold = c["value"], c["op"], c["threshold"]
+    needs = "-" if op is None else f"{op} {threshold:g}" + ("" if op == "==" else "x")
+    if value is None or not math.isfinite(value):
+        return ("never" if "never reached" in (c.get("note") or "") else "-"), needs
+    if op == "==":
+        return f"{value}", needs
+    digits = 2
+    if op in OPS and threshold is not None and c["holds"] is not None:
+        while digits < 6 and OPS[op](round(value, digits), threshold) != c["holds"]:
+            digits += 1
+    return f"{value:.{digits}f}x", needs
+
+
 def claims(scenario_claims: Iterable[Claim], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every claim judged, then one more every scenario makes: every run that ran broke no
     Table 1 bound (0 violations) and finished."""
@@ -272,6 +289,7 @@ def claims(scenario_claims: Iterable[Claim], runs: list[dict[str, Any]]) -> list
 
 __all__ = [
     "COLUMNS",
+    "claim_cells",
     "claims",
     "counters",
     "finite",

@@ -18,7 +18,7 @@ from test_cli import hopbus
 from hopbus.config import TrainConfig, make_config
 from hopbus.experiments import SCENARIOS
 from hopbus.experiments.figures import FIGURES
-from hopbus.experiments.results import claims, judge
+from hopbus.experiments.results import claim_cells, claims, judge
 from hopbus.experiments.scenarios import Claim
 from hopbus.runtime.launcher import check_inputs
 
@@ -178,3 +178,18 @@ def test_a_run_whose_package_is_missing_is_skipped_and_says_so(tmp_path):
     ]
     assert res["ratios"]["g"]["reference"] == "ok"
     assert not (out / "g" / "missing").exists()  # nothing was started for it
+
+
+def test_a_claims_printed_ratio_agrees_with_its_verdict():
+    def cells(value, op=">=", threshold=1.5, holds=None, note=None):
+        return claim_cells(
+            {"value": value, "op": op, "threshold": threshold, "holds": holds, "note": note}
+        )
+
+    assert cells(1.4999, holds=False) == ("1.4999x", ">= 1.5x")  # not a "1.50x" that failed
+    assert cells(1.43, holds=False) == ("1.43x", ">= 1.5x")
+    assert cells(2.0, op=None, threshold=None) == ("2.00x", "-")
+    inf = cells(math.inf, op=">", threshold=1, holds=True, note="a/b never reached the target loss")
+    assert inf == ("never", "> 1x")  # in memory, before results.json turns inf into null
+    assert cells(None, op=">", threshold=1, note="a/b never reached the target loss")[0] == "never"
+    assert cells(0, op="==", threshold=0, holds=True) == ("0", "== 0")
