@@ -44,7 +44,8 @@ import numpy as np
 if TYPE_CHECKING:
     import networkx as nx
 
-from hopbus.errors import SlowdownSpecError
+from hopbus.errors import ConfigError, SlowdownSpecError
+from hopbus.modes import Family, Mode
 
 _BLOCK = 1024  # random draws are made this many iterations at a time, per worker
 
@@ -267,6 +268,19 @@ class Heterogeneity:
                 if u != v and m[u] != m[v]:
                     self._uplink[m[u]] += 1
         return self
+
+    def check_mode(self, mode: Mode) -> None:
+        """Refuse link delays where hopbus cannot apply them, rather than run without them:
+        a parameter server's workers send only to the server (on no machine of the slowdown),
+        and gloo moves an all-reduce's bytes itself."""
+        why = {
+            Family.PS: "its workers exchange only with the parameter server, on no link of it",
+            Family.ALLREDUCE: "gloo's transfers cannot be delayed; slow a worker's compute",
+        }.get(mode.family)
+        if why is not None and self.has_link_delays:
+            raise ConfigError(
+                f"--slowdown link:... and machines:... have no meaning with --mode {mode} ({why})"
+            )
 
     def uplink_messages(self) -> list[int]:
         """Per machine, the messages its uplink carries each iteration (after ``bind``)."""

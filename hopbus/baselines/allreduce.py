@@ -23,7 +23,6 @@ import numpy as np
 from hopbus.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hopbus.heterogeneity import Heterogeneity
     from hopbus.models import Params
 
 INSTALL = "pip install -e '.[bench]'"
@@ -44,16 +43,6 @@ def require_torch() -> None:
         raise ConfigError(
             f"--mode allreduce needs PyTorch built with torch.distributed and gloo; torch "
             f"{torch.__version__} here has neither: {INSTALL} on Linux or macOS"
-        )
-
-
-def check_slowdown(het: Heterogeneity) -> None:
-    """gloo moves the bytes itself, so hopbus cannot hold its messages back: refuse the
-    ``--slowdown`` parts that delay messages rather than run without them silently."""
-    if het.has_link_delays:
-        raise ConfigError(
-            "--slowdown link:... and machines:... have no meaning with --mode allreduce "
-            "(gloo's transfers cannot be delayed); slow a worker's compute instead"
         )
 
 
@@ -116,7 +105,6 @@ __all__ = [
     "COUNTERS",
     "INSTALL",
     "FlatLayout",
-    "check_slowdown",
     "require_torch",
     "scheme_counters",
 ]

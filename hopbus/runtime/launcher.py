@@ -25,7 +25,6 @@ from typing import Any, TextIO
 import redis
 
 from hopbus import __version__
-from hopbus.baselines.allreduce import check_slowdown
 from hopbus.config import TrainConfig
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import check_url, connect, redact
@@ -34,7 +33,7 @@ from hopbus.coord.runs import create_run, set_status
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.modes import Family, Mode
+from hopbus.modes import Family
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
@@ -64,8 +63,7 @@ def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSp
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
     het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(topo.graph, topo.name)
-    if cfg2.mode is Mode.ALLREDUCE:
-        check_slowdown(het)
+    het.check_mode(cfg2.mode)
     from hopbus.data import shard
     from hopbus.models import build_model
 

@@ -29,11 +29,8 @@ def prepare(
         )
     cfg, topo = cfg.build_topology()
     het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(topo.graph, topo.name)
+    het.check_mode(cfg.mode)
     if cfg.mode.family is Family.PS:
-        if het.has_link_delays:
-            raise ConfigError(
-                f"--slowdown link:... and machines:... have no meaning with --mode {cfg.mode}"
-            )
         ps = PSSimulation(
             topo,
             cfg.scheme_settings(),

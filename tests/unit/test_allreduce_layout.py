@@ -7,14 +7,13 @@ import warnings
 import numpy as np
 import pytest
 
-from hopbus.baselines.allreduce import FlatLayout, check_slowdown, scheme_counters
+from hopbus.baselines.allreduce import FlatLayout, scheme_counters
 from hopbus.cli.options import warn_unused
 from hopbus.config import RunConfig
 from hopbus.errors import ConfigError
-from hopbus.heterogeneity import Heterogeneity
 from hopbus.modes import Family, Mode
 from hopbus.runtime.allreduce_worker import store_address
-from hopbus.topology import GapSetting, Topology
+from hopbus.topology import GapSetting
 
 
 def test_the_mode_is_its_own_family_and_lock_step():
@@ -58,15 +57,6 @@ def test_the_store_address_comes_from_bind():
     for bad in ("ipc:///tmp/x", "tcp://127.0.0.1", "tcp://host:port"):
         with pytest.raises(ConfigError, match="--mode allreduce needs tcp://"):
             store_address(bad)
-
-
-def test_link_delays_are_refused():
-    topo = Topology.named("complete", 4)
-    ok = Heterogeneity.from_spec("fixed:4@0", 4, 0).bind(topo.graph, topo.name)
-    check_slowdown(ok)
-    delayed = Heterogeneity.from_spec("link:50@0-1", 4, 0).bind(topo.graph, topo.name)
-    with pytest.raises(ConfigError, match="no meaning with --mode allreduce"):
-        check_slowdown(delayed)
 
 
 def test_hop_flags_warn_with_allreduce():

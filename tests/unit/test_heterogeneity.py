@@ -2,7 +2,7 @@
 
 import pytest
 
-from hopbus.errors import SlowdownSpecError
+from hopbus.errors import ConfigError, SlowdownSpecError
 from hopbus.heterogeneity import (
     FixedSlowdown,
     Heterogeneity,
@@ -11,6 +11,8 @@ from hopbus.heterogeneity import (
     RandomSlowdown,
     parse,
 )
+from hopbus.modes import Mode
+from hopbus.topology import Topology
 from hopbus.topology.graphs import hierarchical, ring, ring_based
 
 
@@ -117,3 +119,17 @@ def test_random_slowdown_rate_is_p_and_draws_are_order_independent():
         for k in range(200)
     )
     assert differs
+
+
+@pytest.mark.parametrize("mode", ["ps-bsp", "ps-asp", "allreduce"])
+def test_link_delays_are_refused_where_hopbus_cannot_apply_them(mode):
+    topo = Topology.named("complete", 8)
+    for spec in ("link:50@0-1", "machines:4,4@10"):
+        het = Heterogeneity.from_spec(spec, 8).bind(topo.graph, topo.name)
+        with pytest.raises(ConfigError, match=f"no meaning with --mode {mode}"):
+            het.check_mode(Mode(mode))
+    for ok in ("standard", "wagma"):  # their workers' messages go through the inbox
+        Heterogeneity.from_spec("machines:4,4@10", 8).bind(topo.graph, topo.name).check_mode(
+            Mode(ok)
+        )
+    Heterogeneity.from_spec("fixed:4@0", 8).check_mode(Mode(mode))  # compute slowdowns apply
