@@ -140,8 +140,9 @@ class Inbox:
             self.error = exc
 
     def _receive_one(self, sock: zmq.Socket) -> bool:
-        """Receive and handle one message if one is waiting. Its frames die with this call,
-        so the inbox never holds a snapshot the owner has let go of."""
+        """Receive and handle one message if one is waiting. Its frames die with this call
+        (or, on an emulated slow link, when it is delivered), so the inbox never holds a
+        snapshot the owner has let go of."""
         try:
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
