@@ -13,12 +13,21 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hopbus import heterogeneity
 from hopbus.baselines.spec import SchemeSettings, default_group_size
 from hopbus.baselines.spec import check as check_scheme
 from hopbus.errors import ConfigError
+from hopbus.models.tf.runtime import DEVICE_HELP, DEVICE_PATTERN
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.spec import ProtocolSettings
 from hopbus.topology import GapSetting, Topology
@@ -221,11 +230,26 @@ class TrainConfig(RunConfig):
     ``iter_time`` is how a real run emulates compute time instead.
     """
 
-    model: str = Field("softmax", description="Model: logreg (binary), softmax or mlp.")
+    model: str = Field(
+        "softmax",
+        description="Model: logreg (binary), softmax or mlp (numpy); cnn or vgg11 (TensorFlow, "
+        "the tf extra; images: 8x8 digits, 28x28 or 32x32x3 CIFAR-10).",
+    )
     data: str = Field(
         "digits",
         description="Training data: digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | "
-        "svmlight:PATH[,TEST_PATH] | cifar10:DIR.",
+        "svmlight:PATH[,TEST_PATH] | cifar10:DIR | cifar10 with --data-dir DIR.",
+    )
+    data_dir: str | None = Field(
+        None,
+        description="Folder of the CIFAR-10 python batches (data_batch_1..5, test_batch) for "
+        "--data cifar10; the same as --data cifar10:DIR.",
+    )
+    device: str = Field(
+        "auto",
+        description="Where a worker runs a TensorFlow model: auto (a GPU if TensorFlow sees one), "
+        "cpu, gpu or gpu:N; hopbus worker --device overrides it per worker. The numpy models "
+        "always run on the CPU.",
     )
     hidden: int = Field(64, ge=1, le=100_000, description="Hidden units of the mlp model.")
     batch_size: int = Field(32, ge=1, le=1_000_000, description="Minibatch size per worker.")
@@ -271,13 +295,40 @@ class TrainConfig(RunConfig):
         """Every setting a real run uses (the simulator's time model left out)."""
         return {k: v for k, v in super().public().items() if k not in SIM_ONLY}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _data_dir_is_cifar10_folder(cls, values: Any) -> Any:
+        """--data cifar10 --data-dir DIR becomes --data cifar10:DIR: one spelling downstream."""
+        if (
+            isinstance(values, dict)
+            and values.get("data_dir") is not None
+            and str(values.get("data", "")).strip().lower() == "cifar10"
+        ):
+            return {**values, "data": f"cifar10:{values['data_dir']}"}
+        return values
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_with_cifar10(cls, v: str | None, info: ValidationInfo) -> str | None:
+        data = str(info.data.get("data", ""))
+        if v is not None and data.strip().lower() != f"cifar10:{v}".lower():
+            raise ValueError(f"the CIFAR-10 folder of --data cifar10, not of --data {data}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_spelling(cls, v: str) -> str:
+        if not re.fullmatch(DEVICE_PATTERN, v):
+            raise ValueError(DEVICE_HELP)
+        return v
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        from hopbus.models import MODELS
+        from hopbus.models import ALL_MODELS
 
-        if v not in MODELS:
-            raise ValueError(f"unknown model, expected one of {', '.join(MODELS)}")
+        if v not in ALL_MODELS:
+            raise ValueError(f"unknown model, expected one of {', '.join(ALL_MODELS)}")
         return v
 
 

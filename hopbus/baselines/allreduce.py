@@ -21,25 +21,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hopbus.errors import ConfigError
+from hopbus.models.extras import install_hint, load
 
 if TYPE_CHECKING:
     from hopbus.models import Params
 
-INSTALL = "pip install -e '.[bench]'"
+INSTALL = install_hint("bench")
 
 
 def require_torch() -> None:
     """Refuse ``--mode allreduce`` up front, in one line, when PyTorch with gloo cannot be
     imported: better than every worker failing with a traceback after start-up."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except (ImportError, OSError) as exc:  # OSError: a torch whose shared libraries are broken
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(
-            f"--mode allreduce needs PyTorch: {INSTALL} (import torch failed: {why})"
-        ) from None
+    dist = load("torch.distributed", feature="--mode allreduce", package="PyTorch", extra="bench")
     if not (dist.is_available() and dist.is_gloo_available()):
+        import torch
+
         raise ConfigError(
             f"--mode allreduce needs PyTorch built with torch.distributed and gloo; torch "
             f"{torch.__version__} here has neither: {INSTALL} on Linux or macOS"

@@ -1,4 +1,5 @@
-"""``hopbus train``, ``hopbus worker``, ``hopbus inspect``, ``hopbus clean``: the real cluster."""
+"""``hopbus train``, ``create``, ``watch``, ``worker``, ``ps``, ``inspect``, ``clean``: the real
+cluster."""
 
 from __future__ import annotations
 
@@ -15,6 +16,53 @@ from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL
 from hopbus.errors import RunFailure, UserError
+
+
+def _advertise(value: str | None) -> str | None:
+    """``--advertise auto``: this host's own address (a container's IP on its compose network),
+    so identical replicas each advertise an endpoint their peers can reach."""
+    if value != "auto":
+        return value
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as exc:
+        raise UserError(f"--advertise auto: cannot resolve this host's name: {exc}") from None
+
+
+def _report(launcher: Any, outcome: Any, as_json: bool) -> None:
+    """The end of a followed run, for train and watch alike: the summary, then exit 1 if a
+    node failed, 3 if a Table 1 bound was broken."""
+    s = outcome.summary
+    err = Console(stderr=True)
+    if as_json:
+        _emit_json(s)
+    else:
+        render.summary(Console(), s)
+        err.print(f"hopbus: results in {launcher.out}", highlight=False, soft_wrap=True)
+    if outcome.failure:
+        raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
+    if s["violations"]:
+        v = s["first_violation"]
+        err.print(
+            f"hopbus: error: Table 1 bound broken {s['violations']} times, first: worker "
+            f"{v['ahead']} {v['gap']} ahead of worker {v['behind']} (bound {v['bound']})",
+            highlight=False,
+        )
+        raise typer.Exit(3)
+
+
+OutDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Results folder: config.toml, metrics.jsonl, summary.json, logs/. [default: runs/RUN]",
+        show_default=False,
+        rich_help_panel=o.PANEL_CLUSTER,
+    ),
+]
 
 
 def _sigterm_as_interrupt() -> None:
@@ -43,6 +91,8 @@ def train_cmd(
     sync_period: o.SyncPeriod = None,
     model: o.Model = None,
     data: o.Data = None,
+    data_dir: o.DataDir = None,
+    device: o.Device = None,
     hidden: o.Hidden = None,
     batch_size: o.BatchSize = None,
     lr: o.Lr = None,
@@ -55,17 +105,7 @@ def train_cmd(
     config: o.ConfigFile = None,
     redis: o.RedisUrl = None,
     run: o.RunId = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Results folder: config.toml, metrics.jsonl, summary.json, logs/. "
-            "[default: runs/RUN]",
-            show_default=False,
-            rich_help_panel=o.PANEL_CLUSTER,
-        ),
-    ] = None,
+    out: OutDir = None,
     as_json: o.Json = False,
 ) -> None:
     """Train on a local cluster: one process per worker, ZeroMQ between them, Redis in the
@@ -87,22 +127,79 @@ def train_cmd(
     err = Console(stderr=True)
     with Display(err) as display:
         launcher, outcome = train(cfg, run=run, out=out, redis_url=redis, on_update=display.update)
-    s = outcome.summary
-    if as_json:
-        _emit_json(s)
-    else:
-        render.summary(Console(), s)
-        err.print(f"hopbus: results in {launcher.out}", highlight=False, soft_wrap=True)
-    if outcome.failure:
-        raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
-    if s["violations"]:
-        v = s["first_violation"]
-        err.print(
-            f"hopbus: error: Table 1 bound broken {s['violations']} times, first: worker "
-            f"{v['ahead']} {v['gap']} ahead of worker {v['behind']} (bound {v['bound']})",
-            highlight=False,
+    _report(launcher, outcome, as_json)
+
+
+@app.command("create")
+def create_cmd(
+    workers: o.TrainWorkers = None,
+    topology: o.TopologyName = None,
+    mode: o.ModeOpt = None,
+    backup: o.Backup = None,
+    staleness: o.Staleness = None,
+    max_ig: o.MaxIg = None,
+    skip_max: o.SkipMax = None,
+    skip_trigger: o.SkipTrigger = None,
+    iterations: o.Iterations = None,
+    slowdown: o.Slowdown = None,
+    seed: o.Seed = None,
+    approach: o.ApproachOpt = None,
+    lookahead: o.Lookahead = None,
+    group_size: o.GroupSize = None,
+    sync_period: o.SyncPeriod = None,
+    model: o.Model = None,
+    data: o.Data = None,
+    data_dir: o.DataDir = None,
+    device: o.Device = None,
+    hidden: o.Hidden = None,
+    batch_size: o.BatchSize = None,
+    lr: o.Lr = None,
+    momentum: o.Momentum = None,
+    weight_decay: o.WeightDecay = None,
+    iter_time: o.IterTime = None,
+    eval_every: o.EvalEvery = None,
+    target_loss: o.TargetLoss = None,
+    timeout: o.Timeout = None,
+    config: o.ConfigFile = None,
+    redis: o.RedisUrl = None,
+    run: o.RunId = None,
+) -> None:
+    """Record a run in Redis without starting anything: the first step of a cluster whose
+    workers are started elsewhere (docker compose's init service).
+
+    Takes hopbus train's run flags and checks them the same way, prints the run id and exits
+    0; `hopbus worker --run RUN` processes then join it (each takes the next id), and `hopbus
+    watch --run RUN` follows it to its summary. Refuses a run id this Redis already holds.
+    """
+    given = o.run_flags(locals())
+    from hopbus.runtime.launcher import record
+
+    cfg = o.resolve(config, given, TrainConfig)
+    assert isinstance(cfg, TrainConfig)
+    o.warn_unused(cfg, given)
+    print(record(cfg, run=run, redis_url=redis or DEFAULT_URL))
+
+
+@app.command("watch")
+def watch_cmd(
+    run: Annotated[str, typer.Option("--run", "-r", envvar="HOPBUS_RUN", help="Run id to follow.")],
+    redis: o.RedisUrl = None,
+    out: OutDir = None,
+    as_json: o.Json = False,
+) -> None:
+    """Follow a run whose workers were started elsewhere (docker compose, other hosts) to its
+    end: the live display, then metrics.jsonl, summary.json and the summary, as `hopbus train`
+    writes them. Starts and stops nothing. Exit status 1 if a node reported an error or its
+    heartbeat vanished, 3 if a Table 1 bound was broken."""
+    _sigterm_as_interrupt()
+    from hopbus.cli.live import Display
+    from hopbus.runtime.launcher import watch
+
+    with Display(Console(stderr=True)) as display:
+        launcher, outcome = watch(
+            run, out=out, redis_url=redis or DEFAULT_URL, on_update=display.update
         )
-        raise typer.Exit(3)
+    _report(launcher, outcome, as_json)
 
 
 @app.command("worker")
@@ -114,18 +211,37 @@ def worker_cmd(
         ),
     ],
     worker_id: Annotated[
-        int, typer.Option("--id", envvar="HOPBUS_ID", help="This worker's id, 0..N-1.")
-    ],
+        int | None,
+        typer.Option(
+            "--id",
+            envvar="HOPBUS_ID",
+            help="This worker's id, 0..N-1 [default: the next free one: identical replicas "
+            "each take their own].",
+            show_default=False,
+        ),
+    ] = None,
     redis: o.RedisUrl = None,
     bind: o.Bind = o.DEFAULT_BIND,
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            envvar="HOPBUS_DEVICE",
+            help="This worker's device for a TensorFlow model: auto, cpu, gpu or gpu:N "
+            "[default: the run's --device]. A CPU and a GPU worker can share one run.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run one worker of a run: the unit a container runs, started N times by `hopbus train`.
 
-    Joins the run recorded in Redis, registers its inbox, trains every iteration with its
-    neighbours, reports its final accuracy, and exits 0. If Redis or a neighbour cannot be
-    reached within --timeout it prints what it waited for and exits 1.
+    Joins the run recorded in Redis (hopbus train or hopbus create), registers its inbox,
+    trains every iteration with its neighbours, reports its final accuracy, and exits 0.
+    Without --id it takes the run's next free id; once all N have joined it exits 2.
+    --advertise auto advertises this host's own address (a container's IP). If Redis or a
+    neighbour cannot be reached within --timeout it prints what it waited for and exits 1.
     """
     from hopbus.runtime.join import worker_for
     from hopbus.runtime.worker import report_failure
@@ -133,10 +249,20 @@ def worker_cmd(
     _sigterm_as_interrupt()
     url = redis or DEFAULT_URL
     try:
-        w = worker_for(run, worker_id, url, bind=bind, advertise=advertise, timeout=timeout)
+        w = worker_for(
+            run,
+            worker_id,
+            url,
+            bind=bind,
+            advertise=_advertise(advertise),
+            timeout=timeout,
+            device=device,
+        )
+        worker_id = w.node
         result = w.run_loop()
     except UserError as exc:
-        report_failure(url, run, worker_id, str(exc))
+        if worker_id is not None:
+            report_failure(url, run, worker_id, str(exc))
         raise
     print(
         f"hopbus: worker {worker_id} finished {result['iterations']} iterations, test accuracy "
@@ -169,7 +295,7 @@ def ps_cmd(
 
     _sigterm_as_interrupt()
     url = redis or DEFAULT_URL
-    ps = ParameterServer(run, url, bind=bind, advertise=advertise, timeout=timeout)
+    ps = ParameterServer(run, url, bind=bind, advertise=_advertise(advertise), timeout=timeout)
     try:
         result = ps.run_loop()
     except UserError as exc:

@@ -144,6 +144,8 @@ TrainWorkers = Annotated[
 ]
 Model = Annotated[str | None, _opt("model", panel=PANEL_TRAIN)]
 Data = Annotated[str | None, _opt("data", panel=PANEL_TRAIN)]
+DataDir = Annotated[str | None, _opt("data_dir", panel=PANEL_TRAIN)]
+Device = Annotated[str | None, _opt("device", panel=PANEL_TRAIN)]
 Hidden = Annotated[int | None, _opt("hidden", panel=PANEL_TRAIN)]
 BatchSize = Annotated[int | None, _opt("batch_size", panel=PANEL_TRAIN)]
 Lr = Annotated[float | None, _opt("lr", panel=PANEL_TRAIN)]
@@ -257,6 +259,14 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
         "group_size": m is not Mode.WAGMA,
         "sync_period": m is not Mode.WAGMA,
     }
+    from hopbus.models.tf import TF_MODELS
+
+    if given.get("device") not in (None, "auto") and cfg.model not in TF_MODELS:
+        warnings.warn(
+            f"--device has no effect with --model {cfg.model}: the numpy models run on the CPU",
+            UserWarning,
+            stacklevel=2,
+        )
     for field, ignored in unused.items():
         if ignored and given.get(field) is not None:
             why = (

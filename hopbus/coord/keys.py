@@ -16,6 +16,7 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
 | hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
 | hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
+| hop:{R}:joined | string counter | workers that joined without ``--id``: INCR - 1 is the new id |
 
 A parameter server (``--mode ps-*``) is node N of a run of N workers: its endpoint, heartbeat
 and result use id N.
@@ -76,6 +77,10 @@ class RunKeys:
     @property
     def result(self) -> str:
         return self.prefix + "result"
+
+    @property
+    def joined(self) -> str:
+        return self.prefix + "joined"
 
     def iter(self, worker: int) -> str:
         return f"{self.prefix}iter:{worker}"

@@ -49,6 +49,15 @@ def load_config(client: redis.Redis, keys: RunKeys, *, timeout: float) -> dict[s
         time.sleep(0.1)  # polling for a run another process is creating
 
 
+def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
+    """A fresh worker id for a process started without ``--id`` (a compose replica): one
+    atomic INCR, so concurrent joiners get 0..N-1 exactly once each; the N+1th is refused."""
+    worker = int(client.incr(keys.joined)) - 1
+    if worker >= workers:
+        raise RunStateError(f"run {keys.run} already has its {workers} workers")
+    return worker
+
+
 def set_status(client: redis.Redis, keys: RunKeys, status: str) -> None:
     client.hset(keys.meta, "status", status)
 

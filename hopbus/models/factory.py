@@ -6,12 +6,20 @@ from hopbus.errors import ConfigError
 from hopbus.models.base import Model
 from hopbus.models.linear import LogReg, Softmax
 from hopbus.models.mlp import MLP
+from hopbus.models.tf import TF_MODELS, build_tf_model
 
 MODELS = ("logreg", "softmax", "mlp")
+"""The numpy models: any data set, no extra to install."""
+
+ALL_MODELS = (*MODELS, *TF_MODELS)
+"""Every --model: the numpy ones and the TensorFlow ones (image data, the tf extra)."""
 
 
-def build_model(name: str, n_features: int, n_classes: int, *, hidden: int = 64) -> Model:
-    """The model called ``name`` for inputs of ``n_features`` and ``n_classes`` labels."""
+def build_model(
+    name: str, n_features: int, n_classes: int, *, hidden: int = 64, device: str = "auto"
+) -> Model:
+    """The model called ``name`` for inputs of ``n_features`` and ``n_classes`` labels.
+    ``device`` places the TensorFlow models (auto|cpu|gpu|gpu:N); numpy runs on the CPU."""
     if n_features < 1:
         raise ConfigError(f"model {name!r}: the data needs at least 1 feature, got {n_features}")
     if n_classes < 2:
@@ -29,4 +37,6 @@ def build_model(name: str, n_features: int, n_classes: int, *, hidden: int = 64)
         if hidden < 1:
             raise ConfigError(f"model 'mlp': hidden units must be at least 1, got {hidden}")
         return MLP(n_features, n_classes, hidden)
-    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    if name in TF_MODELS:
+        return build_tf_model(name, n_features, n_classes, device)
+    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(ALL_MODELS)}")

@@ -36,8 +36,12 @@ class Trainer:
         pick = np.random.default_rng(0).permutation(len(self.x_test))[:EVAL_LIMIT]
         pick.sort()  # a fixed random subset: test files may be sorted by class
         self.x_eval, self.y_eval = self.x_test[pick], self.y_test[pick]
-        self.model = build_model(cfg.model, data.n_features, data.n_classes, hidden=cfg.hidden)
+        self.model = build_model(
+            cfg.model, data.n_features, data.n_classes, hidden=cfg.hidden, device=cfg.device
+        )
         self.params: Params = self.model.init_params(cfg.seed)  # same p0 on every worker
+        # where the gradients are computed ("cpu", "gpu:0"), known once the model is built
+        self.device: str = getattr(self.model, "device", None) or "cpu"
         self.opt = SGD(cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         self._grads: Params | None = None
         self.loss = float("nan")

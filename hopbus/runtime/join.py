@@ -1,4 +1,5 @@
-"""Which process ``hopbus worker`` becomes: the run's mode (recorded in Redis) decides."""
+"""Which process ``hopbus worker`` becomes: the run's mode (recorded in Redis) decides; and,
+for a worker started without ``--id`` (a compose replica), which id it takes."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ from typing import Any
 
 from hopbus.coord.client import connect
 from hopbus.coord.keys import RunKeys
+from hopbus.coord.runs import join_worker
 from hopbus.modes import Family
 from hopbus.runtime.node import Node, read_run_config, redis_failures
 
 
-def worker_for(run: str, worker: int, redis_url: str, **kw: Any) -> Node:
+def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
     """Worker ``worker`` of run ``run``, of the class its mode runs: a Hop worker, a
-    parameter-server worker, a WAGMA worker or an all-reduce worker. Raises UserError as
-    ``Node.run_loop`` does."""
+    parameter-server worker, a WAGMA worker or an all-reduce worker. ``worker=None`` takes the
+    next id of the run's join counter (RunStateError once all N have joined), so identical
+    replicas need no per-container setting. Raises UserError as ``Node.run_loop`` does."""
     from hopbus.config import TrainConfig
     from hopbus.runtime.allreduce_worker import AllReduceWorker
     from hopbus.runtime.ps_worker import PSWorker
@@ -22,9 +25,11 @@ def worker_for(run: str, worker: int, redis_url: str, **kw: Any) -> Node:
 
     keys = RunKeys(run)
     timeout = kw.get("timeout") or TrainConfig.model_fields["timeout"].default
-    with redis_failures(f"worker {worker}", run):
+    with redis_failures("worker" if worker is None else f"worker {worker}", run):
         client = connect(redis_url, timeout=timeout)
-        cfg, _ = read_run_config(client, keys, timeout)
+        cfg, topo = read_run_config(client, keys, timeout)
+        if worker is None:
+            worker = join_worker(client, keys, topo.n)
     cls: type[Node] = {
         Family.HOP: Worker,
         Family.PS: PSWorker,

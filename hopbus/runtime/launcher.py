@@ -209,16 +209,15 @@ class Launcher:
             self._start_broker()
             self.out.mkdir(parents=True, exist_ok=True)
             write_config_toml(self.out / "config.toml", self.cfg)
-            create_run(self.r, self.keys, self.cfg.public(), __version__)
-            set_status(self.r, self.keys, "running")
-            self._spawn()
+            self._begin()
             with (self.out / "metrics.jsonl").open("w") as metrics:
                 outcome = self._follow(metrics)
             set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
             return outcome
         except KeyboardInterrupt:
-            with contextlib.suppress(Exception):
-                set_status(self.r, self.keys, "stopped")
+            if self.procs or self.broker is not None:  # a watcher leaves the run's status alone
+                with contextlib.suppress(Exception):
+                    set_status(self.r, self.keys, "stopped")
             raise
         except redis.RedisError as exc:
             raise RunFailure(
@@ -228,6 +227,22 @@ class Launcher:
             self.stop_workers()
             if self.broker is not None:
                 self.broker.stop()
+
+    def _begin(self) -> None:
+        """Record the run and start its processes."""
+        create_run(self.r, self.keys, self.cfg.public(), __version__)
+        set_status(self.r, self.keys, "running")
+        self._spawn()
+
+    def _poll(self) -> tuple[bool, str | None]:
+        """(every process is done, the first failure): here, from the processes' exit codes."""
+        failure: str | None = None
+        for p in self.procs:
+            if p.code is None:
+                p.code = p.popen.poll()
+                if p.code not in (None, 0) and failure is None:
+                    failure = _why(p)
+        return all(p.code == 0 for p in self.procs), failure
 
     def _new_replay(self, t0: float) -> Replay:
         setting = self.cfg.gap_setting()
@@ -250,7 +265,6 @@ class Launcher:
 
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"
-        failure: str | None = None
         pending: list[tuple[str, dict[str, Any]]] = []
         while True:
             entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
@@ -259,14 +273,10 @@ class Launcher:
                 pending.extend(entries)
             if pending and self._feed(pending, metrics):
                 pending.clear()
-            for p in self.procs:
-                if p.code is None:
-                    p.code = p.popen.poll()
-                    if p.code not in (None, 0) and failure is None:
-                        failure = _why(p)
+            done, failure = self._poll()
             if self.on_update is not None:
                 self.on_update(self)
-            if failure is not None or all(p.code == 0 for p in self.procs):
+            if failure is not None or done:
                 break
         if failure is None:  # drain what the last workers wrote before exiting
             while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
@@ -313,6 +323,112 @@ class Launcher:
         return summary
 
 
+class Watcher(Launcher):
+    """Follows a run whose processes were started elsewhere (docker compose, other hosts):
+    the same replay, metrics.jsonl and summary as ``hopbus train``, but it starts nothing.
+    Done when every node has published its result; failed at the first error event or when a
+    registered node's heartbeat is gone without a result."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._events = "0-0"
+        self._missing: set[int] = set()  # no heartbeat and no result at the previous look
+
+    def _start_broker(self) -> None:
+        assert self.redis_url is not None
+        self.url = self.redis_url
+        self.r = connect(self.url, timeout=min(10.0, self.cfg.timeout))
+
+    def _begin(self) -> None:
+        if self.r.hget(self.keys.meta, "status") == b"starting":
+            set_status(self.r, self.keys, "running")
+
+    def _poll(self) -> tuple[bool, str | None]:
+        from hopbus.runtime.node import names
+
+        n = self.topo.n
+        ps = n if self.cfg.mode.family is Family.PS else None  # node N, when the run has one
+        for event_id, rec in read_entries(self.r, self.keys.events, self._events, count=10_000):
+            self._events = event_id
+            if rec.get("kind") == "error":
+                who = names([int(rec.get("worker", -1))], ps)
+                return False, f"{who}: {rec.get('message', 'failed')}"
+        registered = [int(k) for k in self.r.hkeys(self.keys.addr)]
+        beating = {i for i in registered if self.r.exists(self.keys.hb(i))}
+        done = {int(k) for k in self.r.hkeys(self.keys.result)}
+        gone = {i for i in registered if i not in beating and i not in done}
+        dead = sorted(gone & self._missing)  # twice in a row: not a node between two steps
+        self._missing = gone
+        if dead:
+            return False, f"{names(dead, ps)}: heartbeat gone without a result (process died?)"
+        return len(done) >= n + (ps is not None), None
+
+
+def _finish(launcher: Launcher) -> Outcome:
+    outcome = launcher.run()
+    summary = json.dumps(outcome.summary, indent=2, allow_nan=False)
+    (launcher.out / "summary.json").write_text(summary + "\n")
+    return outcome
+
+
+def _checked(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
+    """check_inputs, showing each of its warnings once."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        checked = check_inputs(cfg)
+    for w in seen:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return checked
+
+
+def _out_folder(out: Path | None, keys: RunKeys) -> Path:
+    out = out if out is not None else Path("runs") / keys.run
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
+        )
+    return out
+
+
+def record(cfg: TrainConfig, *, run: str | None, redis_url: str) -> str:
+    """``hopbus create``: check the run as ``hopbus train`` does and record it in Redis,
+    starting nothing; workers started elsewhere join it. Returns the run id."""
+    cfg, _, _ = _checked(cfg)
+    check_url(redis_url)
+    keys = RunKeys(run or new_run_id(cfg))
+    client = connect(redis_url, timeout=min(10.0, cfg.timeout))
+    try:
+        create_run(client, keys, cfg.public(), __version__)
+    except redis.RedisError as exc:
+        raise RunFailure(f"run {keys.run}: Redis at {redact(redis_url)} refused: {exc}") from None
+    return keys.run
+
+
+def watch(
+    run: str,
+    *,
+    out: Path | None,
+    redis_url: str,
+    on_update: Callable[[Launcher], None] | None = None,
+) -> tuple[Launcher, Outcome]:
+    """``hopbus watch``: follow a recorded run to its end and write its results folder."""
+    from hopbus.runtime.node import read_run_config
+
+    check_url(redis_url)
+    keys = RunKeys(run)
+    out = _out_folder(out, keys)
+    client = connect(redis_url, timeout=10.0)
+    cfg, topo = read_run_config(client, keys, timeout=10.0)
+    client.close()
+    with warnings.catch_warnings():  # the run's warnings were shown by hopbus create
+        warnings.simplefilter("ignore")
+        specs = plan(cfg.protocol_settings(), topo) if cfg.mode.is_hop else []
+    watcher = Watcher(
+        cfg, topo, specs, run=keys.run, out=out, redis_url=redis_url, on_update=on_update
+    )
+    return watcher, _finish(watcher)
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -322,26 +438,15 @@ def train(
     on_update: Callable[[Launcher], None] | None = None,
 ) -> tuple[Launcher, Outcome]:
     """Check everything, run, write summary.json; raises UserError for bad input."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        cfg, topo, specs = check_inputs(cfg)
-    for w in seen:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    cfg, topo, specs = _checked(cfg)
     if redis_url is not None:
         check_url(redis_url)
-    run = run or new_run_id(cfg)
-    keys = RunKeys(run)  # validates the id before anything is created
-    out = out if out is not None else Path("runs") / keys.run
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(
-            f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
-        )
+    keys = RunKeys(run or new_run_id(cfg))  # validates the id before anything is created
+    out = _out_folder(out, keys)
     launcher = Launcher(
         cfg, topo, specs, run=keys.run, out=out, redis_url=redis_url, on_update=on_update
     )
-    outcome = launcher.run()
-    (out / "summary.json").write_text(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
-    return launcher, outcome
+    return launcher, _finish(launcher)
 
 
-__all__ = ["Launcher", "Outcome", "check_inputs", "train"]
+__all__ = ["Launcher", "Outcome", "Watcher", "check_inputs", "record", "train", "watch"]

@@ -104,6 +104,7 @@ class Node:
         advertise: str | None = None,
         timeout: float | None = None,
         client: redis.Redis | None = None,
+        device: str | None = None,
     ) -> None:
         self.keys = RunKeys(run)
         self.node = node
@@ -111,6 +112,7 @@ class Node:
         self.bind = bind
         self.advertise = advertise
         self._timeout_flag = timeout
+        self._device_flag = device  # hopbus worker --device: this worker's, over the run's
         self.timeout = (
             timeout if timeout is not None else TrainConfig.model_fields["timeout"].default
         )
@@ -135,6 +137,9 @@ class Node:
         cfg, topo = read_run_config(self.r, self.keys, self.timeout)
         if self._timeout_flag is None:
             self.timeout = cfg.timeout
+        if self._device_flag is not None:
+            cfg = make_config({**cfg.model_dump(), "device": self._device_flag}, cls=TrainConfig)
+            assert isinstance(cfg, TrainConfig)
         self.cfg, self.topo = cfg, topo
         self._place()
         self.faults = Faults.for_worker(self.node)
@@ -293,6 +298,7 @@ class Node:
             "compute_s": round(compute_s, 6),
             "wait_s": round(wait_s, 6),
             "blocked_on": list(blocked_on),
+            "device": t.device,  # a string: never in the stats hash, whose values are integers
         }
         e = cfg.eval_every
         if e and to // e > start // e and to < cfg.iterations:
@@ -310,6 +316,7 @@ class Node:
             "t": time.time(),
             "cpu_s": time.process_time() - cpu0,  # all threads: the driver's own cost
             "compute_s": compute_s,
+            "device": self.trainer.device,
             **self.stats(),
         }
         self.publish_result(result, iterations=iterations, final_accuracy=acc)

@@ -50,3 +50,20 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmd and int(pid) != os.getpid():
             found.append(int(pid))
     return found
+
+
+def env_without(package: str, folder: Path) -> dict[str, str]:
+    """An environment in which ``import PACKAGE`` fails, installed or not: a sitecustomize in
+    ``folder`` (put on PYTHONPATH) inserts a finder first on sys.meta_path that refuses it. For
+    the tests of what a user without an optional extra sees."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import sys\n\n\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {package!r} or name.startswith({package + '.'!r}):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r} (hidden)', name=name)\n"
+        "        return None\n\n\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    return clean_env(PYTHONPATH=str(folder))

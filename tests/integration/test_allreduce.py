@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
-from cluster import clean_env, processes_mentioning, train, train_args
+from cluster import clean_env, env_without, processes_mentioning, train, train_args
 
 from hopbus.data import load_dataset
 from hopbus.models import build_model
@@ -129,27 +129,8 @@ def test_a_worker_that_never_appears_is_named(redis_url, tmp_path, torch_install
 
 
 # -- without torch -------------------------------------------------------------------------------
-def _without_torch(tmp_path) -> dict[str, str]:
-    """An environment in which ``import torch`` fails, installed or not: a sitecustomize on
-    PYTHONPATH puts a finder first on sys.meta_path that refuses it."""
-    site = tmp_path / "no_torch"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        textwrap.dedent(
-            """
-            import sys
-
-            class NoTorch:
-                def find_spec(self, name, path=None, target=None):
-                    if name == "torch" or name.startswith("torch."):
-                        raise ModuleNotFoundError(f"No module named {name!r} (hidden)", name=name)
-                    return None
-
-            sys.meta_path.insert(0, NoTorch())
-            """
-        )
-    )
-    return clean_env(PYTHONPATH=str(site))
+def _without_torch(tmp_path: Path) -> dict[str, str]:
+    return env_without("torch", tmp_path / "no_torch")
 
 
 def _hopbus(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,39 @@
+"""Optional dependencies (the pip extras): one place that turns a missing package into the one
+line a user needs, before any worker starts, instead of a traceback from every worker."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from hopbus.errors import ConfigError
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra``: ``pip install -e '.[tf]'``."""
+    return f"pip install -e '.[{extra}]'"
+
+
+def require(module: str, *, feature: str, package: str, extra: str, load: bool = True) -> None:
+    """Refuse ``feature`` in one ConfigError line when ``module`` cannot be imported.
+
+    ``load=False`` only locates the module (milliseconds, where importing TensorFlow takes
+    seconds): enough for the launcher's check of a package that is not installed at all.
+    """
+    try:
+        if load:
+            importlib.import_module(module)
+        elif importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    except (ImportError, OSError) as exc:  # OSError: a package whose shared libraries are broken
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"{feature} needs {package}: {install_hint(extra)} (import {module} failed: {why})"
+        ) from None
+
+
+def load(module: str, *, feature: str, package: str, extra: str) -> ModuleType:
+    """``module`` imported, or the one-line ConfigError of :func:`require`."""
+    require(module, feature=feature, package=package, extra=extra)
+    return importlib.import_module(module)

@@ -1,0 +1,133 @@
+"""A cluster as docker compose runs it, without docker: ``hopbus create``, then identical
+``hopbus worker --run R`` processes (no --id) against a redis-server configured by
+broker/redis.conf and broker/users.acl, and ``hopbus watch`` for the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from hopbus.coord.broker import EmbeddedRedis, free_port
+from hopbus.coord.keys import RunKeys
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "t3st-pa55"
+
+
+def _hopbus(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hopbus", *args]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_")}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """redis-server with the broker's own config and ACL file (the password replaced, the
+    port and bind address the test's), as the compose redis service runs it."""
+    d = tmp_path_factory.mktemp("broker")
+    acl = (ROOT / "broker" / "users.acl").read_text()
+    assert ">change-me" in acl
+    (d / "users.acl").write_text(acl.replace(">change-me", f">{PASSWORD}"))
+    port = free_port()
+    args = [
+        EmbeddedRedis().binary,
+        str(ROOT / "broker" / "redis.conf"),
+        *("--aclfile", str(d / "users.acl"), "--port", str(port), "--bind", "127.0.0.1"),
+        *("--dir", str(d)),
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://hopbus:{PASSWORD}@127.0.0.1:{port}/0"
+    from hopbus.coord.client import connect
+
+    try:
+        connect(url, timeout=15).close()  # retries until the server answers
+        yield port, url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
+    _, url = broker
+    run = f"join{os.getpid()}"
+    n = 4
+    p = subprocess.run(
+        _hopbus("create", "--run", run, "-n", str(n), "--iterations", "300", "--redis", url),
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == run
+    again = subprocess.run(
+        _hopbus("create", "--run", run, "--redis", url),
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+    worker = ["worker", "--run", run, "--redis", url, "--bind", "tcp://0.0.0.0:0"]
+    worker += ["--advertise", "auto"]
+    procs = [
+        subprocess.Popen(
+            _hopbus(*worker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        )
+        for _ in range(n)
+    ]
+    try:
+        w = subprocess.run(
+            _hopbus("watch", "--run", run, "--redis", url, "--out", str(tmp_path), "--json"),
+            capture_output=True, text=True, env=_env(), timeout=180, check=False,
+        )  # fmt: skip
+        outs = [proc.communicate(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert w.returncode == 0, w.stderr
+    assert all(proc.returncode == 0 for proc in procs), [e for _, e in outs]
+    s = json.loads(w.stdout)
+    assert s["finished"] and s["violations"] == 0
+    assert s["final_accuracy"] >= 0.90
+    assert min(x["final_accuracy"] for x in s["per_worker"]) >= 0.85
+    assert s["iterations"]["min"] == s["iterations"]["max"] == 300
+    assert json.loads((tmp_path / "summary.json").read_text()) == s
+    ids = sorted(int(out.split("hopbus: worker ")[1].split()[0]) for out, _ in outs)
+    assert ids == list(range(n))  # unique and contiguous
+
+    extra = subprocess.run(
+        _hopbus(*worker), capture_output=True, text=True, env=_env(), timeout=60, check=False
+    )
+    assert extra.returncode == 2
+    lines = extra.stderr.strip().splitlines()
+    assert lines == [f"hopbus: error: run {run} already has its {n} workers"], extra.stderr
+
+    client = redis.Redis.from_url(url)
+    assert int(client.get(RunKeys(run).joined)) == n + 1
+    client.close()
+
+
+def test_broker_refuses_clients_without_the_password(broker):
+    port, url = broker
+    anonymous = redis.Redis(host="127.0.0.1", port=port)
+    with pytest.raises(redis.AuthenticationError):  # NOAUTH: the default user is off
+        anonymous.ping()
+    wrong = redis.Redis(host="127.0.0.1", port=port, username="hopbus", password="wrong")
+    with pytest.raises(redis.AuthenticationError):
+        wrong.ping()
+    p = subprocess.run(
+        _hopbus("inspect", "--list", "--redis", f"redis://127.0.0.1:{port}/0"),
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 1 and "refused" in p.stderr
+    hopbus_user = redis.Redis.from_url(url)
+    with pytest.raises(redis.exceptions.NoPermissionError):  # outside hop:* keys
+        hopbus_user.set("other:key", 1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        hopbus_user.flushall()
+    hopbus_user.close()
