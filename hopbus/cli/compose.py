@@ -3,7 +3,8 @@
 The file is printed as JSON, which is valid YAML, so no YAML library is needed; ``docker compose
 -f FILE`` reads it as it is. Its paths are relative to the ``compose/`` folder (save it there).
 The services are those of compose/docker-compose.yml: ``redis`` (broker/ mounted), ``init``
-(``hopbus create``), one worker service per kind with ``deploy.replicas``, and ``watch``.
+(``hopbus create``), one worker service per kind with ``deploy.replicas``, ``watch``, and for a
+``ps-*`` mode the parameter server (``hopbus ps``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import typer
 from hopbus.cli import options as o
 from hopbus.cli.commands import app
 from hopbus.config import TrainConfig, flag_of
+from hopbus.modes import Family
 
 compose_app = typer.Typer(
     help="Docker compose files for a cluster of worker containers around one Redis.",
@@ -58,9 +60,12 @@ def redis_service() -> dict[str, Any]:
     }
 
 
-def compose_file(cpu: int, gpu: int, run: str, create_flags: list[str]) -> dict[str, Any]:
+def compose_file(
+    cpu: int, gpu: int, run: str, create_flags: list[str], *, server: bool = False
+) -> dict[str, Any]:
     """The services for ``cpu`` CPU and ``gpu`` GPU worker replicas of run ``run``, recorded
-    by the init service with ``create_flags`` (which include --workers cpu+gpu)."""
+    by the init service with ``create_flags`` (which include --workers cpu+gpu); ``server``
+    adds the parameter server a ps-* run needs."""
     healthy = {"redis": {"condition": "service_healthy"}}
     created = {**healthy, "init": {"condition": "service_completed_successfully"}}
     services: dict[str, Any] = {
@@ -86,6 +91,13 @@ def compose_file(cpu: int, gpu: int, run: str, create_flags: list[str]) -> dict[
             device = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
             service["deploy"]["resources"] = {"reservations": {"devices": [device]}}
         services[f"worker-{kind}"] = service
+    if server:
+        services["ps"] = {
+            **_image("cpu"),
+            "entrypoint": ["hopbus", "ps"],
+            "command": ["--run", run, *INBOX],
+            "depends_on": created,
+        }
     services["watch"] = {
         **_image("cpu"),
         "entrypoint": ["hopbus", "watch"],
@@ -113,6 +125,7 @@ def generate_cmd(
 
     The run settings are checked as `hopbus train` checks them, and recorded with --workers
     = CPU + GPU by the init service (`hopbus create`); every worker takes its id on joining.
+    A ps-* mode adds the parameter server's service (`hopbus ps`).
     """
     from hopbus.coord.keys import RunKeys
     from hopbus.errors import ConfigError
@@ -128,9 +141,10 @@ def generate_cmd(
         "model": model,
         "iterations": iterations,
     }
-    check_inputs(o.resolve(None, given, TrainConfig))  # type: ignore[arg-type]
+    cfg, _, _ = check_inputs(o.resolve(None, given, TrainConfig))  # type: ignore[arg-type]
     flags: list[str] = []
     for field, value in given.items():
         if value is not None:
             flags += [flag_of(field), str(getattr(value, "value", value))]
-    print(json.dumps(compose_file(cpu, gpu, run, flags), indent=2))
+    server = cfg.mode.family is Family.PS
+    print(json.dumps(compose_file(cpu, gpu, run, flags, server=server), indent=2))

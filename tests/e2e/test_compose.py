@@ -4,6 +4,7 @@ with real flags, the images' entrypoint is ``hopbus worker``, and the broker wan
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -89,6 +90,15 @@ def test_generate_mixes_cpu_and_gpu_workers():
     assert init[init.index("--mode") + 1] == "backup"
     # the broker is one definition: the generated file's is the hand-written file's
     assert services["redis"] == yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
+
+
+def test_a_parameter_server_run_gets_its_server():
+    ps = json.loads(hopbus("compose", "generate", "--cpu", "3", "--mode", "ps-bsp").stdout)
+    assert ps["services"]["ps"]["entrypoint"] == ["hopbus", "ps"]
+    assert ps["services"]["ps"]["command"][:2] == ["--run", "hop-1"]
+    assert "ps" not in _generated()["services"]  # a Hop run has none
+    static = yaml.safe_load(COMPOSE.read_text())["services"]["ps"]
+    assert static["profiles"] == ["ps"] and static["entrypoint"] == ["hopbus", "ps"]
 
 
 def test_generate_refuses_what_train_refuses():
