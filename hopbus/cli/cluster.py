@@ -3,7 +3,9 @@ cluster."""
 
 from __future__ import annotations
 
+import ipaddress
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,17 +20,37 @@ from hopbus.coord.client import DEFAULT_URL
 from hopbus.errors import RunFailure, UserError
 
 
-def _advertise(value: str | None) -> str | None:
+def _advertise(value: str | None, redis_url: str) -> str | None:
     """``--advertise auto``: this host's own address (a container's IP on its compose network),
-    so identical replicas each advertise an endpoint their peers can reach."""
+    so identical replicas each advertise an endpoint their peers can reach (``auto_address``)."""
     if value != "auto":
         return value
     import socket
+    from urllib.parse import urlsplit
+
+    def route(host: str) -> str:  # the local address of the interface that routes to host
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))  # sends nothing: picks the route
+            return str(probe.getsockname()[0])
 
     try:
-        return socket.gethostbyname(socket.gethostname())
+        return auto_address(
+            socket.gethostbyname(socket.gethostname()),
+            urlsplit(redis_url).hostname or "127.0.0.1",
+            route,
+        )
     except OSError as exc:
-        raise UserError(f"--advertise auto: cannot resolve this host's name: {exc}") from None
+        raise UserError(f"--advertise auto: cannot find this host's address: {exc}") from None
+
+
+def auto_address(own: str, redis_host: str, route: Callable[[str], str]) -> str:
+    """What ``--advertise auto`` advertises: the address this host's name resolves to, unless
+    that is loopback (Debian's 127.0.1.1 line) while Redis is elsewhere; then the address of
+    the interface that routes to Redis, which peers on Redis's network can reach."""
+    local = redis_host in ("localhost", "::1") or redis_host.startswith("127.")
+    if ipaddress.ip_address(own).is_loopback and not local:
+        return route(redis_host)
+    return own
 
 
 def _report(launcher: Any, outcome: Any, as_json: bool) -> None:
@@ -254,7 +276,7 @@ def worker_cmd(
             worker_id,
             url,
             bind=bind,
-            advertise=_advertise(advertise),
+            advertise=_advertise(advertise, url),
             timeout=timeout,
             device=device,
         )
@@ -295,7 +317,7 @@ def ps_cmd(
 
     _sigterm_as_interrupt()
     url = redis or DEFAULT_URL
-    ps = ParameterServer(run, url, bind=bind, advertise=_advertise(advertise), timeout=timeout)
+    ps = ParameterServer(run, url, bind=bind, advertise=_advertise(advertise, url), timeout=timeout)
     try:
         result = ps.run_loop()
     except UserError as exc:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -119,10 +119,17 @@ def top_cmd(
     from hopbus.coord.client import connect
     from hopbus.coord.keys import RunKeys
     from hopbus.coord.top import TopReader, pick_run
+    from hopbus.runtime.node import redis_failures
 
     client = connect(redis or DEFAULT_URL, timeout=5)
-    reader = TopReader(client, RunKeys(pick_run(client, run)))
-    frame = reader.frame()  # unknown run: one line before anything is drawn
+    with redis_failures("hopbus top", run or "?"):  # e.g. a broker ACL without a command
+        reader = TopReader(client, RunKeys(pick_run(client, run)))
+        frame = reader.frame()  # unknown run: one line before anything is drawn
+        _show(reader, frame, once=once, interval=interval)
+
+
+def _show(reader: Any, frame: Any, *, once: bool, interval: float) -> None:
+    """Print frames until --once, the run's end (plain output) or Ctrl-C (live view)."""
     console = Console()
     try:
         if once or not console.is_terminal:

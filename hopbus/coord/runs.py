@@ -23,12 +23,13 @@ def create_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], versi
             f"run {keys.run!r} already exists in this Redis: pick another --run, or remove it "
             f"with: hopbus clean --run {keys.run}"
         )
+    sec, usec = client.time()  # Redis's clock: every reader of the run shares it
     client.hset(
         keys.meta,
         mapping={
             "config": json.dumps(config),
             "status": "starting",
-            "created": time.time(),
+            "created": sec + usec / 1e6,
             "version": version,
         },
     )

@@ -145,3 +145,16 @@ def test_docker_compose_accepts_the_files(tmp_path):
             capture_output=True, text=True, env={**os.environ, **env}, check=False,
         )  # fmt: skip
         assert p.returncode == 0, (f, p.stderr)
+
+
+def test_advertise_auto_uses_the_route_to_redis_when_the_host_name_is_loopback():
+    from hopbus.cli.cluster import auto_address
+
+    def route(host: str) -> str:
+        return {"10.0.0.5": "10.0.0.7", "redis": "172.18.0.4"}[host]
+
+    assert auto_address("172.18.0.3", "redis", route) == "172.18.0.3"  # a container's own IP
+    assert auto_address("127.0.1.1", "10.0.0.5", route) == "10.0.0.7"  # Debian's hosts line
+    assert auto_address("127.0.1.1", "redis", route) == "172.18.0.4"
+    assert auto_address("127.0.0.1", "127.0.0.1", route) == "127.0.0.1"  # all on one machine
+    assert auto_address("127.0.1.1", "localhost", route) == "127.0.1.1"

@@ -111,6 +111,15 @@ def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
     assert int(client.get(RunKeys(run).joined)) == n + 1
     client.close()
 
+    # hopbus top as the broker's hopbus user: every command it sends is allowed by the ACL
+    top = subprocess.run(
+        _hopbus("top", "--run", run, "--redis", url, "--once"),
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert top.returncode == 0 and "Traceback" not in top.stderr, top.stderr
+    rows = [x.split() for x in top.stdout.splitlines() if x.split()[:1] in (["0"], ["1"])]
+    assert rows and all(r[1] == "300" for r in rows), top.stdout
+
 
 def test_broker_refuses_clients_without_the_password(broker):
     port, url = broker
