@@ -3,6 +3,7 @@ cluster."""
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import signal
 from collections.abc import Callable
@@ -152,40 +153,7 @@ def train_cmd(
     _report(launcher, outcome, as_json)
 
 
-@app.command("create")
-def create_cmd(
-    workers: o.TrainWorkers = None,
-    topology: o.TopologyName = None,
-    mode: o.ModeOpt = None,
-    backup: o.Backup = None,
-    staleness: o.Staleness = None,
-    max_ig: o.MaxIg = None,
-    skip_max: o.SkipMax = None,
-    skip_trigger: o.SkipTrigger = None,
-    iterations: o.Iterations = None,
-    slowdown: o.Slowdown = None,
-    seed: o.Seed = None,
-    approach: o.ApproachOpt = None,
-    lookahead: o.Lookahead = None,
-    group_size: o.GroupSize = None,
-    sync_period: o.SyncPeriod = None,
-    model: o.Model = None,
-    data: o.Data = None,
-    data_dir: o.DataDir = None,
-    device: o.Device = None,
-    hidden: o.Hidden = None,
-    batch_size: o.BatchSize = None,
-    lr: o.Lr = None,
-    momentum: o.Momentum = None,
-    weight_decay: o.WeightDecay = None,
-    iter_time: o.IterTime = None,
-    eval_every: o.EvalEvery = None,
-    target_loss: o.TargetLoss = None,
-    timeout: o.Timeout = None,
-    config: o.ConfigFile = None,
-    redis: o.RedisUrl = None,
-    run: o.RunId = None,
-) -> None:
+def create_cmd(**params: Any) -> None:
     """Record a run in Redis without starting anything: the first step of a cluster whose
     workers are started elsewhere (docker compose's init service).
 
@@ -193,13 +161,21 @@ def create_cmd(
     0; `hopbus worker --run RUN` processes then join it (each takes the next id), and `hopbus
     watch --run RUN` follows it to its summary. Refuses a run id this Redis already holds.
     """
-    given = o.run_flags(locals())
+    given = o.run_flags(params)
     from hopbus.runtime.launcher import record
 
-    cfg = o.resolve(config, given, TrainConfig)
+    cfg = o.resolve(params["config"], given, TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
-    print(record(cfg, run=run, redis_url=redis or DEFAULT_URL))
+    print(record(cfg, run=params["run"], redis_url=params["redis"] or DEFAULT_URL))
+
+
+# create takes exactly train's flags but --out and --json: one list of parameters for both
+_TRAIN_PARAMS = inspect.signature(train_cmd, eval_str=True)
+create_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
+    parameters=[p for p in _TRAIN_PARAMS.parameters.values() if p.name not in ("out", "as_json")]
+)
+app.command("create")(create_cmd)
 
 
 @app.command("watch")
