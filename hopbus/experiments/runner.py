@@ -133,10 +133,9 @@ class Experiment:
         folder = self.out / plan.group / plan.label
         run_id = run_id_for(self.scenario.name, plan, index, os.getpid())
         config = summary = failure = skipped = None
-        caught: list[warnings.WarningMessage] = []
         t0 = time.monotonic()
 
-        def record() -> dict[str, Any]:
+        def record(caught: list[warnings.WarningMessage]) -> dict[str, Any]:
             return run_record(
                 plan,
                 run_id=run_id,
@@ -151,10 +150,9 @@ class Experiment:
 
         if plan.needs is not None and importlib.util.find_spec(plan.needs[0]) is None:
             skipped = f"{plan.needs[0]} is not installed ({plan.needs[1]})"
-            return record()
+            return record([])
 
         with warnings.catch_warnings(record=True) as seen:
-            caught = seen
             warnings.simplefilter("always")
             try:
                 cfg = make_config({**plan.values, **self.overrides}, cls=TrainConfig)
@@ -163,11 +161,11 @@ class Experiment:
                 summary, failure = outcome.summary, outcome.failure
             except KeyboardInterrupt:
                 failure = "interrupted"
-                self.runs.append(record())
+                self.runs.append(record(seen))
                 raise
             except UserError as exc:
                 failure = str(exc)
-        return record()
+        return record(seen)
 
     def finish(self, *, figures: bool) -> None:
         """Ratios, table, the figures when asked, and results.json."""
