@@ -278,6 +278,15 @@ class TrainConfig(RunConfig):
         allow_inf_nan=False,
         description="Report time_to_target: when the workers' mean test loss first reaches this.",
     )
+    checkpoint_every: int = Field(
+        0,
+        ge=0,
+        le=MAX_ITERATIONS,
+        description="Write each worker's parameters, optimizer state and iteration every this "
+        "many iterations (Hop modes), under the results folder's checkpoints/; a killed run "
+        "then loses at most this many iterations (hopbus train --resume RUN). 0 = never. Use "
+        "it for long runs; each costs one file write per worker.",
+    )
     timeout: float = Field(
         60.0,
         gt=0,
@@ -285,6 +294,22 @@ class TrainConfig(RunConfig):
         allow_inf_nan=False,
         description="Seconds a worker waits for Redis, a neighbour's endpoint, update or token "
         "before it gives up and says what it waited for. Raise it for slow models.",
+    )
+    curve: bool = Field(
+        False,
+        description="The run requires ZeroMQ CURVE encryption and authentication on its data "
+        "plane: every worker and parameter server must be given the run's key folder (hopbus "
+        "keys generate). Only this flag is recorded, never the keys or their folder.",
+    )
+    heartbeat: float = Field(
+        10.0,
+        ge=1,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="Seconds a worker's heartbeat lives in Redis (it is renewed three times as "
+        "often): a worker silent this long counts as dead. Lower it to go on sooner after a "
+        "crash; raise it on overloaded machines whose processes may stall that long. Capped "
+        "at --timeout.",
     )
 
     @classmethod
@@ -320,6 +345,16 @@ class TrainConfig(RunConfig):
     def _device_spelling(cls, v: str) -> str:
         if not re.fullmatch(DEVICE_PATTERN, v):
             raise ValueError(DEVICE_HELP)
+        return v
+
+    @field_validator("curve")
+    @classmethod
+    def _curve_covers_the_mode(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("mode") is Mode.ALLREDUCE:
+            raise ConfigError(
+                "--curve cannot protect --mode allreduce: its gradients travel over gloo, not "
+                "ZeroMQ (see docs/security.md); run it on a trusted network without --curve"
+            )
         return v
 
     @field_validator("model")

@@ -32,3 +32,8 @@ class RunFailure(UserError):  # noqa: N818 (a failure the user is told about, no
     names what was waited for; the exit status is 1 (the input was fine, the run was not)."""
 
     exit_code = 1
+
+
+class RunStopped(RunFailure):
+    """Another node stopped the run (e.g. a neighbour died and the mode cannot do without it):
+    this node had nothing wrong with it and exits with status 1 after saying why."""

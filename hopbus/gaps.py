@@ -36,15 +36,14 @@ class Violation:
 class GapMonitor:
     def __init__(self, topology: Topology, setting: GapSetting) -> None:
         n = topology.n
-        bounds = topology.bounds(setting)
         self.table1 = topology.table1(setting)
-        bounds = np.where(np.isinf(bounds), np.float32(_UNBOUNDED), bounds)  # a copy
-        self._bounds = bounds.astype(np.int32)
-        np.fill_diagonal(bounds, _UNBOUNDED)
-        self._row_min = bounds.min(axis=1)  # tightest bound on how far each worker may lead
-        self._neighbours = [
+        self._full_bounds = topology.bounds(setting)
+        self._set_bounds(self._full_bounds)
+        self._all_neighbours = [
             tuple(sorted(set(topology.in_peers[i]) | set(topology.out_peers[i]))) for i in range(n)
         ]
+        self._neighbours = list(self._all_neighbours)
+        self.gone: set[int] = set()  # dead workers: no longer counted (see membership)
         self._vec = np.zeros(n, dtype=np.int32)
         self._it = [0] * n
         self._count: dict[int, int] = {0: n}  # iteration -> how many workers are in it
@@ -74,12 +73,62 @@ class GapMonitor:
             self._min = m
         lead = iteration - self._min
         self.max_any = max(self.max_any, lead)
-        adj = max(iteration - it[j] for j in self._neighbours[worker])
+        adj = max((iteration - it[j] for j in self._neighbours[worker]), default=0)
         self.max_adjacent = max(self.max_adjacent, adj)
         if self._over_count or lead > self._row_min[worker]:
             self._recheck(worker, iteration)
         if self._over_count:
             self.violations += 1
+
+    def _set_bounds(self, bounds: np.ndarray) -> None:
+        bounds = np.where(np.isinf(bounds), np.float32(_UNBOUNDED), bounds)  # a copy
+        self._bounds = bounds.astype(np.int32)
+        np.fill_diagonal(bounds, _UNBOUNDED)
+        self._row_min = bounds.min(axis=1)  # tightest bound on how far each worker may lead
+
+    def remove(self, worker: int, bounds: np.ndarray) -> None:
+        """``worker`` died: from now on it counts for no gap, and the live workers are held to
+        ``bounds`` (``membership.bounds_without``: Table 1 in the graph without the dead)."""
+        if worker in self.gone:
+            return
+        self.gone.add(worker)
+        old = self._it[worker]
+        self._count[old] -= 1
+        if not self._count[old]:
+            del self._count[old]
+        if self._count:
+            self._min = min(self._count)
+        self._neighbours = [
+            tuple(j for j in peers if j not in self.gone) for peers in self._all_neighbours
+        ]
+        self._neighbours[worker] = ()
+        self._set_bounds(bounds)
+        self._recount()
+
+    def rejoin(self, worker: int, iteration: int, bounds: np.ndarray) -> None:
+        """A replacement for dead ``worker`` joined in ``iteration``; ``bounds`` as for remove."""
+        if worker not in self.gone:
+            return
+        self.gone.discard(worker)
+        self._it[worker] = iteration
+        self._vec[worker] = iteration
+        self._count[iteration] = self._count.get(iteration, 0) + 1
+        self._min = min(self._count)
+        self._neighbours = [
+            tuple(j for j in peers if j not in self.gone) for peers in self._all_neighbours
+        ]
+        self._set_bounds(bounds)
+        self._recount()
+
+    def _recount(self) -> None:
+        """Every pair's over-the-bound flag, afresh (after the bounds changed)."""
+        vec = self._vec
+        over = (vec[:, None] - vec[None, :]) > self._bounds
+        for w in self.gone:
+            over[w, :] = False
+            over[:, w] = False
+        self._over = over if over.any() else None
+        self._over_count = int(over.sum())
 
     def _recheck(self, worker: int, iteration: int) -> None:
         """Which pairs with ``worker`` are over their bound now, in either direction."""
@@ -100,6 +149,15 @@ class GapMonitor:
             self.first_violation = Violation(
                 worker, j, int(iteration - self._it[j]), int(self._bounds[worker, j])
             )
+
+    def start_at(self, iteration: int) -> None:
+        """Every worker is in ``iteration``, before any change is fed: a run resumed from a
+        checkpoint set starts all its workers there, so no gap is seen."""
+        n = len(self._it)
+        self._it = [iteration] * n
+        self._vec[:] = iteration
+        self._count = {iteration: n}
+        self._min = iteration
 
     def iteration_of(self, worker: int) -> int:
         return self._it[worker]

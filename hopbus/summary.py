@@ -34,6 +34,7 @@ class RunStats:
         self._sampler = random.Random(0)
         self.jumps = 0
         self.skipped = 0  # iterations passed over by jumps
+        self.first = 0  # the iteration every worker started in (a resumed run's; else 0)
 
     def enter(self, worker: int, iteration: int, t: float) -> None:
         moved = iteration - self.iterations[worker]
@@ -51,9 +52,19 @@ class RunStats:
         self.iterations[worker] = iteration
         self.last_change[worker] = t
 
+    def restart(self, worker: int, iteration: int, t: float) -> None:
+        """``worker`` was replaced and goes on from ``iteration`` at ``t`` (no step counted)."""
+        self.iterations[worker] = iteration
+        self.last_change[worker] = t
+
+    def start_at(self, iteration: int) -> None:
+        """Every worker starts in ``iteration`` (a resumed run): times count from there."""
+        self.first = iteration
+        self.iterations = [iteration] * self.n
+
     def iter_time(self) -> dict[str, Any]:
         per = [
-            (self.last_change[i] - self.start) / k if k else None
+            (self.last_change[i] - self.start) / (k - self.first) if k > self.first else None
             for i, k in enumerate(self.iterations)
         ]
         known = [p for p in per if p is not None]

@@ -18,7 +18,7 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL
-from hopbus.errors import RunFailure, UserError
+from hopbus.errors import RunFailure, RunStopped, UserError
 
 
 def _advertise(value: str | None, redis_url: str) -> str | None:
@@ -59,6 +59,8 @@ def _report(launcher: Any, outcome: Any, as_json: bool) -> None:
     node failed, 3 if a Table 1 bound was broken."""
     s = outcome.summary
     err = Console(stderr=True)
+    for note in launcher.notes:
+        err.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
     if as_json:
         _emit_json(s)
     else:
@@ -82,6 +84,21 @@ OutDir = Annotated[
         "--out",
         "-o",
         help="Results folder: config.toml, metrics.jsonl, summary.json, logs/. [default: runs/RUN]",
+        show_default=False,
+        rich_help_panel=o.PANEL_CLUSTER,
+    ),
+]
+
+
+Resume = Annotated[
+    str | None,
+    typer.Option(
+        "--resume",
+        help="Continue run RUN (its results folder, or a run id meaning runs/RUN) from its "
+        "newest complete checkpoint set (--checkpoint-every), with the settings in its "
+        "config.toml: every worker restarts in that iteration. Only --redis, --timeout and "
+        "--json go with it.",
+        metavar="RUN",
         show_default=False,
         rich_help_panel=o.PANEL_CLUSTER,
     ),
@@ -124,12 +141,16 @@ def train_cmd(
     iter_time: o.IterTime = None,
     eval_every: o.EvalEvery = None,
     target_loss: o.TargetLoss = None,
+    checkpoint_every: o.CheckpointEvery = None,
     timeout: o.Timeout = None,
+    heartbeat: o.HeartbeatOpt = None,
     config: o.ConfigFile = None,
     redis: o.RedisUrl = None,
+    curve_dir: o.CurveRun = None,
     run: o.RunId = None,
     out: OutDir = None,
     as_json: o.Json = False,
+    resume: Resume = None,
 ) -> None:
     """Train on a local cluster: one process per worker, ZeroMQ between them, Redis in the
     middle (a private redis-server unless --redis is given).
@@ -138,19 +159,62 @@ def train_cmd(
     sim`) and the final test accuracy. Exit status 1 if a worker failed (its reason is
     printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken, 130
     after Ctrl-C or SIGTERM (every process it started is stopped).
+
+    With --checkpoint-every K each worker saves its state every K iterations; `hopbus train
+    --resume RUN` continues a stopped or killed run from its newest complete checkpoint set
+    (see docs/checkpoints.md).
     """
     given = o.run_flags(locals())
     _sigterm_as_interrupt()  # stop the workers and the private Redis as on Ctrl-C
     from hopbus.cli.live import Display
     from hopbus.runtime.launcher import train
 
-    cfg = o.resolve(config, given, TrainConfig)
+    if resume is not None:
+        other = {**given, "config": config, "run": run, "out": out}
+        _resume_cmd(resume, other, redis=redis, timeout=timeout, as_json=as_json)
+        return
+    cfg = o.resolve(config, _with_curve(given, curve_dir), TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
     err = Console(stderr=True)
     with Display(err) as display:
-        launcher, outcome = train(cfg, run=run, out=out, redis_url=redis, on_update=display.update)
+        launcher, outcome = train(
+            cfg, run=run, out=out, redis_url=redis, on_update=display.update, curve=curve_dir
+        )
     _report(launcher, outcome, as_json)
+
+
+def _resume_cmd(
+    target: str, other: dict[str, Any], *, redis: str | None, timeout: float | None, as_json: bool
+) -> None:
+    """``hopbus train --resume RUN``: the run's own settings, so no other run flag."""
+    from hopbus.cli.live import Display
+    from hopbus.config import flag_of
+    from hopbus.errors import ConfigError
+    from hopbus.runtime.launcher import plan_resume, resume
+
+    extra = [flag_of(k) for k, v in other.items() if v is not None and k != "timeout"]
+    if extra:
+        raise ConfigError(
+            f"--resume continues a run with the settings in its config.toml: leave out "
+            f"{', '.join(extra)} (only --redis, --timeout and --json go with it)"
+        )
+    plan = plan_resume(target, timeout=timeout)
+    err = Console(stderr=True)
+    err.print(
+        f"hopbus: resuming run {plan.run} from iteration {plan.at} (checkpoint set of "
+        f"{plan.workers} workers)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    with Display(err) as display:
+        launcher, outcome = resume(plan, redis_url=redis, on_update=display.update)
+    _report(launcher, outcome, as_json)
+
+
+def _with_curve(given: dict[str, Any], curve_dir: Path | None) -> dict[str, Any]:
+    """``--curve DIR`` records ``curve = true``; without it the config file's value stands."""
+    return {**given, "curve": True} if curve_dir is not None else given
 
 
 def create_cmd(**params: Any) -> None:
@@ -164,16 +228,19 @@ def create_cmd(**params: Any) -> None:
     given = o.run_flags(params)
     from hopbus.runtime.launcher import record
 
-    cfg = o.resolve(params["config"], given, TrainConfig)
+    cfg = o.resolve(params["config"], _with_curve(given, params["curve_dir"]), TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
-    print(record(cfg, run=params["run"], redis_url=params["redis"] or DEFAULT_URL))
+    url = params["redis"] or DEFAULT_URL
+    print(record(cfg, run=params["run"], redis_url=url, curve=params["curve_dir"]))
 
 
-# create takes exactly train's flags but --out and --json: one list of parameters for both
+# create takes exactly train's flags but --out, --json and --resume: one list for both
 _TRAIN_PARAMS = inspect.signature(train_cmd, eval_str=True)
 create_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
-    parameters=[p for p in _TRAIN_PARAMS.parameters.values() if p.name not in ("out", "as_json")]
+    parameters=[
+        p for p in _TRAIN_PARAMS.parameters.values() if p.name not in ("out", "as_json", "resume")
+    ]
 )
 app.command("create")(create_cmd)
 
@@ -222,6 +289,7 @@ def worker_cmd(
     bind: o.Bind = o.DEFAULT_BIND,
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
+    curve: o.CurveNode = None,
     device: Annotated[
         str | None,
         typer.Option(
@@ -230,6 +298,32 @@ def worker_cmd(
             help="This worker's device for a TensorFlow model: auto, cpu, gpu or gpu:N "
             "[default: the run's --device]. A CPU and a GPU worker can share one run.",
             show_default=False,
+        ),
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint-dir",
+            envvar="HOPBUS_CHECKPOINT_DIR",
+            help="Folder of the run's checkpoints, written every --checkpoint-every iterations "
+            "(Hop modes) into worker-ID/ [default: runs/RUN/checkpoints under the current "
+            "folder]. Give every worker of a run the same folder, or keep each one's on its "
+            "own host.",
+            show_default=False,
+            rich_help_panel=o.PANEL_CLUSTER,
+        ),
+    ] = None,
+    resume_from: Annotated[
+        int | None,
+        typer.Option(
+            "--resume-from",
+            envvar="HOPBUS_RESUME_FROM",
+            help="Start in this iteration from this worker's checkpoint of it in "
+            "--checkpoint-dir; every worker of the run must resume from the same one (hopbus "
+            "train --resume sets it).",
+            min=0,
+            show_default=False,
+            rich_help_panel=o.PANEL_CLUSTER,
         ),
     ] = None,
 ) -> None:
@@ -255,11 +349,14 @@ def worker_cmd(
             advertise=_advertise(advertise, url),
             timeout=timeout,
             device=device,
+            curve=curve,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=resume_from,
         )
         worker_id = w.node
         result = w.run_loop()
     except UserError as exc:
-        if worker_id is not None:
+        if worker_id is not None and not isinstance(exc, RunStopped):
             report_failure(url, run, worker_id, str(exc))
         raise
     print(
@@ -280,6 +377,7 @@ def ps_cmd(
     bind: o.Bind = o.DEFAULT_BIND,
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
+    curve: o.CurveNode = None,
 ) -> None:
     """Run the parameter server of a --mode ps-* run: the service compose runs next to the
     workers, started by `hopbus train` for local runs.
@@ -293,7 +391,9 @@ def ps_cmd(
 
     _sigterm_as_interrupt()
     url = redis or DEFAULT_URL
-    ps = ParameterServer(run, url, bind=bind, advertise=_advertise(advertise, url), timeout=timeout)
+    ps = ParameterServer(
+        run, url, bind=bind, advertise=_advertise(advertise, url), timeout=timeout, curve=curve
+    )
     try:
         result = ps.run_loop()
     except UserError as exc:

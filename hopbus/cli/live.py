@@ -41,6 +41,8 @@ def view(launcher: Launcher) -> Group:
     for i, v in enumerate(rep.views[:ROWS_SHOWN]):
         rate = v.iteration / now if now > 0 else 0.0
         waits = " ".join(map(str, v.blocked_on)) if v.blocked_on else ""
+        if i in rep.monitor.gone:
+            waits, rate = "dead", 0.0
         table.add_row(
             str(i),
             f"{v.iteration}/{cfg.iterations}",
@@ -56,7 +58,8 @@ def view(launcher: Launcher) -> Group:
         f"elapsed {now:.1f} s; largest gap: adjacent {m.max_adjacent} (bound "
         f"{'∞' if bound is None else bound}), any pair {m.max_any}; violations {m.violations}"
     )
-    return Group(head, table, foot)
+    notes = [Text(f"hopbus: {note}", style="yellow") for note in launcher.notes]
+    return Group(head, table, foot, *notes)
 
 
 class Display:
@@ -66,6 +69,7 @@ class Display:
         self.console = console
         self.live: Live | None = None
         self._last = 0.0
+        self._noted = 0  # launcher.notes already printed (plain output)
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -84,6 +88,9 @@ class Display:
                 self._last = now
                 self.live.update(view(launcher))
             return
+        for note in launcher.notes[self._noted :]:  # as they happen, in logs too
+            self.console.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
+        self._noted = len(launcher.notes)
         rep = launcher.replay
         if rep is None or now - self._last < PLAIN_EVERY_S:
             return

@@ -19,6 +19,7 @@ import typer
 import hopbus.cli.experiment  # noqa: F401 (registers hopbus experiment)
 from hopbus.cli import cluster  # noqa: F401 (registers the cluster commands)
 from hopbus.cli import compose as _compose  # noqa: F401 (registers hopbus compose)
+from hopbus.cli import keys as _keys  # noqa: F401 (registers hopbus keys)
 from hopbus.cli import plot as _plot  # noqa: F401 (registers hopbus plot)
 from hopbus.cli import top as _top  # noqa: F401 (registers hopbus top)
 from hopbus.cli.commands import app

@@ -154,7 +154,9 @@ WeightDecay = Annotated[float | None, _opt("weight_decay", panel=PANEL_TRAIN)]
 IterTime = Annotated[float | None, _opt("iter_time", panel=PANEL_TRAIN)]
 EvalEvery = Annotated[int | None, _opt("eval_every", panel=PANEL_TRAIN)]
 TargetLoss = Annotated[float | None, _opt("target_loss", panel=PANEL_TRAIN)]
+CheckpointEvery = Annotated[int | None, _opt("checkpoint_every", panel=PANEL_TRAIN)]
 Timeout = Annotated[float | None, _opt("timeout", panel=PANEL_CLUSTER)]
+HeartbeatOpt = Annotated[float | None, _opt("heartbeat", panel=PANEL_CLUSTER)]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -199,6 +201,35 @@ Advertise = Annotated[
         envvar="HOPBUS_ADVERTISE",
         help="Host name or address peers use to reach this process [default: the bound "
         "address, or this host's name when bound to *].",
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
+CURVE_HELP = (
+    "Folder of the run's ZeroMQ CURVE keys (made by `hopbus keys generate DIR`; every machine "
+    "of the run needs a copy). "
+)
+CurveRun = Annotated[
+    Path | None,
+    typer.Option(
+        "--curve",
+        envvar="HOPBUS_CURVE",
+        metavar="DIR",
+        help=CURVE_HELP + "Encrypts the data plane and admits to a worker's inbox only processes "
+        "that hold these keys: the run is recorded as requiring CURVE (the keys and their "
+        "folder are never recorded or printed). Not with --mode allreduce (gloo); Redis "
+        "traffic needs rediss:// (docs/security.md).",
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
+CurveNode = Annotated[
+    Path | None,
+    typer.Option(
+        "--curve",
+        envvar="HOPBUS_CURVE",
+        metavar="DIR",
+        help=CURVE_HELP + "Needed, and only accepted, when the run was created with --curve.",
         show_default=False,
         rich_help_panel=PANEL_CLUSTER,
     ),

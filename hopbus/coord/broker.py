@@ -102,6 +102,8 @@ class EmbeddedRedis:
             log.close()
             if self._wait_ready(url):
                 self.url = url
+                if self._want_port == 0:
+                    self._want_port = port  # a restart comes back on the same address
                 return self
             self._kill()
             if attempt == attempts - 1:
@@ -140,6 +142,15 @@ class EmbeddedRedis:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    @property
+    def died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def restart(self) -> None:
+        """Start it again at the same address (empty: it keeps nothing), after it died."""
+        self._kill()
+        self.start()
 
     def stop(self) -> None:
         self._kill()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis
 
@@ -17,11 +17,24 @@ class BrokerUnreachableError(RunFailure):
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by ***, for messages and logs."""
+    """The URL with any password replaced by ***, for messages and logs. A host part that does
+    not parse is hidden whole: ``redis://user:PASSWORD/0`` (the @host forgotten) reads as a
+    host and a port, and that "port" is the password."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable url>"
+    try:
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        return urlunsplit(parts._replace(netloc="***"))
+    if parts.query and "password" in parts.query.lower():  # ?password=... (redis-py takes it)
+        query = [
+            f"{k}=***" if "password" in k.lower() else f"{k}={v}"
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        url = url.partition("?")[0] + "?" + "&".join(query)
+        parts = parts._replace(query="&".join(query))
     if parts.password is None:
         return url
     user = parts.username or ""
@@ -38,6 +51,13 @@ def check_url(url: str) -> None:
             f"--redis {redact(url)!r}: expected redis://[user:password@]host:port/db, "
             "rediss://... (TLS) or unix:///path/to/socket"
         )
+    try:
+        urlsplit(url).port  # noqa: B018
+    except ValueError:  # never quote the "port": without @host it is the password
+        raise ConfigError(
+            f"--redis {redact(url)!r}: the host part does not parse (expected "
+            "[user:password@]host:port)"
+        ) from None
 
 
 def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
@@ -48,7 +68,7 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
         client = redis.Redis.from_url(
             url, socket_connect_timeout=min(5.0, timeout), health_check_interval=30
         )
-    except ValueError as exc:
+    except (ValueError, redis.RedisError) as exc:  # a bad query parameter, e.g. ssl_cert_reqs
         raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None
     deadline = time.monotonic() + timeout
     delay = 0.05
@@ -73,3 +93,5 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
                 ) from None
             time.sleep(delay)  # backoff between connection attempts
             delay = min(delay * 2, 1.0)
+        except redis.RedisError as exc:  # e.g. a TLS query parameter redis-py refuses
+            raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None

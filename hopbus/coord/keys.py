@@ -17,6 +17,8 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
 | hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
 | hop:{R}:joined | string counter | workers that joined without ``--id``: INCR - 1 is the new id |
+| hop:{R}:dead | set | workers declared dead (heartbeat gone without a result) |
+| hop:{R}:stop | string | why the run was stopped (a dead worker it cannot do without, ...) |
 
 A parameter server (``--mode ps-*``) is node N of a run of N workers: its endpoint, heartbeat
 and result use id N.
@@ -81,6 +83,14 @@ class RunKeys:
     @property
     def joined(self) -> str:
         return self.prefix + "joined"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def stop(self) -> str:
+        return self.prefix + "stop"
 
     def iter(self, worker: int) -> str:
         return f"{self.prefix}iter:{worker}"

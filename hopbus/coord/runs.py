@@ -35,6 +35,18 @@ def create_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], versi
     )
 
 
+def restore_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], version: str) -> None:
+    """Put a running run's record back after Redis lost it (a restart without persistence);
+    fields a worker already put back are kept."""
+    for name, value in (
+        ("config", json.dumps(config)),
+        ("status", "running"),
+        ("created", time.time()),
+        ("version", version),
+    ):
+        client.hsetnx(keys.meta, name, value)
+
+
 def load_config(client: redis.Redis, keys: RunKeys, *, timeout: float) -> dict[str, Any]:
     """The run's configuration, waiting up to ``timeout`` seconds for it to be created."""
     deadline = time.monotonic() + timeout

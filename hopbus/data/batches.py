@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hopbus.data.dataset import DataError, Dataset
@@ -57,6 +59,24 @@ class Batches:
             self.epoch += 1
             self._pos = 0
         return self.x[rows], self.y[rows]
+
+    def state(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """Where the stream is: the current permutation, and its position, epoch and random
+        generator's state as JSON-ready values (for checkpoints)."""
+        info = {"pos": self._pos, "epoch": self.epoch, "rng": self._rng.bit_generator.state}
+        return self._order.copy(), info
+
+    def load_state(self, order: np.ndarray, info: dict[str, Any]) -> None:
+        """Continue exactly where :meth:`state` was taken (same rows, same batch size)."""
+        order = np.asarray(order)
+        if order.shape != (len(self.x),) or not 0 <= int(info["pos"]) <= len(self.x):
+            raise ValueError(f"a minibatch position for {len(order)} rows, not {len(self.x)}")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = info["rng"]
+        self._rng = rng
+        self._order = order.astype(np.int64, copy=True)
+        self._pos = int(info["pos"])
+        self.epoch = int(info["epoch"])
 
     def __iter__(self) -> Batches:
         return self

@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Join the run in iteration 0: Iter(self) = 0, then put ``count`` tokens into
+    """Join the run in iteration ``at``: Iter(self) = ``at``, then put ``count`` tokens into
     TokenQ(self->j) for every j in ``put_to`` (Fig. 7 lines 3-10: max_ig - 1 at initialisation
-    and one at the start of iteration 0). ``count`` is 0 without token queues."""
+    and one at the start of iteration 0). ``count`` is 0 without token queues. ``at`` is 0
+    except in a run resumed from a checkpoint set, where every worker starts at the same
+    ``at``, so the token invariant holds as it does at iteration 0."""
 
     put_to: tuple[int, ...]
     count: int
+    at: int = 0
 
 
 @dataclass(frozen=True, slots=True)

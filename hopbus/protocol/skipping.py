@@ -24,8 +24,9 @@ from collections.abc import Iterable
 
 
 def lag_behind(token_counts: Iterable[int], max_ig: int) -> int:
-    """min_j Iter(j) - Iter(i) over out-neighbours j, read off their token queues."""
-    return min(token_counts) - max_ig
+    """min_j Iter(j) - Iter(i) over out-neighbours j, read off their token queues (0 when
+    there is none left to compare with: every out-neighbour dead)."""
+    return min(token_counts, default=max_ig) - max_ig
 
 
 def jump_length(behind: int, *, skip_max: int, trigger: int, max_ig: int, remaining: int) -> int:

@@ -82,8 +82,12 @@ class WorkerSpec:
     policy: Policy
     store_slots: int
 
-    def new_mailbox(self) -> Mailbox:
-        return Mailbox(UpdateStore(self.store_slots, supersede=self.settings.mode.uses_staleness))
+    def new_mailbox(self, start: int = 0) -> Mailbox:
+        """An empty mailbox for a worker starting in iteration ``start``: its store's window
+        begins at that iteration's floor, so the first updates are neither stale nor beyond."""
+        box = Mailbox(UpdateStore(self.store_slots, supersede=self.settings.mode.uses_staleness))
+        box.updates.advance(self.policy.floor(start))
+        return box
 
     @property
     def store_bound(self) -> int | None:

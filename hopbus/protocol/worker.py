@@ -39,8 +39,12 @@ from hopbus.protocol.spec import WorkerSpec
 Loop = Generator[Effect, Any, None]
 
 
-def worker_loop(spec: WorkerSpec) -> Loop:
-    """Worker ``spec.worker``'s whole run, from Start to Finish."""
+def worker_loop(spec: WorkerSpec, start: int = 0) -> Loop:
+    """Worker ``spec.worker``'s whole run, from Start to Finish.
+
+    ``start`` > 0 resumes a run from a checkpoint set: every worker of the run starts in that
+    same iteration with the parameters it had on entering it (hopbus/runtime/checkpoint.py),
+    and the driver's mailbox must come from ``spec.new_mailbox(start)``."""
     s = spec.settings
     policy = spec.policy
     ins, outs = spec.in_peers, spec.out_peers
@@ -50,9 +54,11 @@ def worker_loop(spec: WorkerSpec) -> Loop:
     acks = s.mode is Mode.NOTIFY_ACK
     parallel = s.approach is Approach.PARALLEL
     total = s.iterations
+    if not 0 <= start <= total:
+        raise ValueError(f"start iteration {start} is not in 0..{total}")
 
     def send(k: int) -> Loop:
-        if acks and k > 0:  # Sec. 3.3: no Send(k) before ACK(k-1) from every out-neighbour
+        if acks and k > start:  # Sec. 3.3: no Send(k) before ACK(k-1) from every out-neighbour
             yield Recv(policy.acks_requirement(k - 1, outs))
         targets = outs
         if s.send_check:  # Sec. 6.2: leave out receivers that would only drop this update
@@ -70,10 +76,10 @@ def worker_loop(spec: WorkerSpec) -> Loop:
         if acks:
             yield SendAcks(k, ins)
 
-    yield Start(put_to, s.max_ig if tokens else 0)
+    yield Start(put_to, s.max_ig if tokens else 0, at=start)
     if s.send_check:
-        yield PublishFloor(policy.floor(0))
-    k = 0
+        yield PublishFloor(policy.floor(start))
+    k = start
     while k < total:
         if parallel:  # Fig. 2(b), Fig. 4: Send(x_k) || Compute(x_k); Recv; Reduce; Apply
             yield from send(k)

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from hopbus.baselines.allreduce import FlatLayout
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime.compute import Trainer
-from hopbus.runtime.node import HEARTBEAT_MAX_S, LOOK_S, Node, advertised, names
+from hopbus.runtime.node import LOOK_S, Node, advertised, names
 
 NO_INBOX = "gloo"  # what workers other than 0 register: peers reach them through the group
 WILDCARDS = ("*", "0.0.0.0", "::", "")
@@ -157,7 +157,7 @@ class AllReduceWorker(Node):
         """A collective that failed early means a peer left: a crash resets the ring at once,
         before its heartbeat expires, so give the heartbeats their TTL to name who it was."""
         if after < self.timeout:
-            deadline = time.monotonic() + min(self.timeout, HEARTBEAT_MAX_S) + 2 * LOOK_S
+            deadline = time.monotonic() + self.heartbeat_s + 2 * LOOK_S
             while time.monotonic() < deadline:
                 self._check_threads()
                 self._check_alive(self._others, what)  # raises, naming the dead

@@ -17,6 +17,7 @@ from hopbus.config import TrainConfig
 from hopbus.data import Batches, load_dataset, shard
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.models import SGD, Params, build_model
+from hopbus.runtime.checkpoint import CheckpointError, WorkerState
 
 EVAL_LIMIT = 2000  # test examples used by periodic evaluations (the final one uses all)
 
@@ -88,6 +89,23 @@ class Trainer:
         """params := total / divisor (a group's or the global model average)."""
         inv = np.float32(1.0 / divisor)
         self.params = {name: a * inv for name, a in total.items()}
+
+    def state(self) -> WorkerState:
+        """What a checkpoint keeps: parameters, momentum and the minibatch stream's place."""
+        order, stream = self.batches.state()
+        return WorkerState(dict(self.params), self.opt.state(), order, stream)
+
+    def load_state(self, state: WorkerState) -> None:
+        """Continue from a checkpoint's state (its layout was checked by checkpoint.load).
+        Without a saved stream position, the minibatches restart from the worker's seed."""
+        self.params = {name: np.array(a, copy=True) for name, a in state.params.items()}
+        self.opt.load_state(state.optimizer)
+        if state.order is not None and state.stream:
+            try:
+                self.batches.load_state(state.order, state.stream)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"checkpoint's minibatch position: {exc}") from None
+        self._grads = None
 
     def evaluate(self, *, full: bool = False) -> tuple[float, float]:
         """Test loss and accuracy: on the whole test set, or on the periodic subset."""

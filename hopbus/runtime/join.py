@@ -8,6 +8,7 @@ from typing import Any
 from hopbus.coord.client import connect
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import join_worker
+from hopbus.errors import ConfigError
 from hopbus.modes import Family
 from hopbus.runtime.node import Node, read_run_config, redis_failures
 
@@ -36,4 +37,12 @@ def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
         Family.WAGMA: WagmaWorker,
         Family.ALLREDUCE: AllReduceWorker,
     }[cfg.mode.family]
+    # checkpoints are the Hop worker's alone (hopbus/runtime/checkpoint.py)
+    ckpt = {k: kw.pop(k) for k in ("checkpoint_dir", "resume_from") if k in kw}
+    if cls is Worker:
+        return Worker(run, worker, redis_url, client=client, **ckpt, **kw)
+    if ckpt.get("resume_from") is not None:
+        raise ConfigError(
+            f"--resume-from: only the Hop modes write checkpoints; run {run} is --mode {cfg.mode}"
+        )
     return cls(run, worker, redis_url, client=client, **kw)

@@ -25,16 +25,17 @@ from typing import Any, TextIO
 import redis
 
 from hopbus import __version__
-from hopbus.config import TrainConfig
+from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import check_url, connect, redact
 from hopbus.coord.keys import RunKeys
-from hopbus.coord.runs import create_run, set_status
+from hopbus.coord.runs import RunStateError, clean_run, create_run, restore_run, set_status
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.modes import Family
+from hopbus.modes import Family, Mode
 from hopbus.protocol.spec import WorkerSpec, plan
+from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
     Replay,
@@ -45,8 +46,11 @@ from hopbus.runtime.progress import (
     token_invariant_violations,
 )
 from hopbus.topology import Topology
+from hopbus.transport.curve import CurveKeys
 
 STOP_GRACE_S = 5.0
+CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
+HOP_MODES = tuple(m.value for m in Mode if m.is_hop)
 
 
 def new_run_id(cfg: TrainConfig) -> str:
@@ -54,12 +58,36 @@ def new_run_id(cfg: TrainConfig) -> str:
     return f"{cfg.mode}-{stamp}-{os.getpid() % 10000:04d}"
 
 
-def check_inputs(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
+def check_curve(cfg: TrainConfig, curve: Path | None) -> None:
+    """A run that requires CURVE has a readable key set, and keys go only with such a run:
+    refused here as its workers would refuse it, in one line."""
+    if curve is None:
+        if cfg.curve:
+            raise ConfigError(
+                "the run requires CURVE on its data plane (curve = true): give its key folder "
+                "with --curve DIR or HOPBUS_CURVE (make one with `hopbus keys generate DIR`)"
+            )
+        return
+    if not cfg.curve:
+        raise ConfigError(f"--curve {str(curve)!r} was given for a run without curve = true")
+    CurveKeys.load(curve)
+
+
+def check_inputs(
+    cfg: TrainConfig, curve: Path | None = None
+) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
     """Everything a worker would refuse, refused here once, before any process starts.
     Returns the config with its worker count, the graph and every Hop worker's spec (none for
-    the related schemes, whose settings build_topology checks)."""
+    the related schemes, whose settings build_topology checks). ``curve``: the run's CURVE
+    key folder, needed when ``cfg.curve``."""
+    check_curve(cfg, curve)
     cfg2, topo = cfg.build_topology()
     assert isinstance(cfg2, TrainConfig)
+    if cfg2.checkpoint_every and not cfg2.mode.is_hop:
+        raise ConfigError(
+            f"--checkpoint-every: only the Hop modes ({', '.join(HOP_MODES)}) write "
+            f"checkpoints, not --mode {cfg2.mode}"
+        )
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
     het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(topo.graph, topo.name)
@@ -140,8 +168,12 @@ class Launcher:
         out: Path,
         redis_url: str | None,
         on_update: Callable[[Launcher], None] | None = None,
+        resume_from: int | None = None,
+        curve: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        self.curve = curve.resolve() if curve is not None else None  # the workers' key folder
+        self.resume_from = resume_from  # hopbus train --resume: every worker starts there
         self.topo = topo
         self.specs = specs
         self.keys = RunKeys(run)
@@ -153,6 +185,8 @@ class Launcher:
         self.replay: Replay | None = None
         self.url = ""
         self.t_start = time.time()
+        self.lost: dict[int, str] = {}  # workers the run went on without, and why they died
+        self.notes: list[str] = []  # what the display and the end report tell besides progress
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -168,6 +202,12 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_") or k == ENV}
         env["HOPBUS_REDIS"] = self.url  # not on the command line: it may hold a password
+        if self.curve is not None:
+            env["HOPBUS_CURVE"] = str(self.curve)  # the keys' folder; the keys stay in it
+        if self.cfg.checkpoint_every or self.resume_from is not None:
+            env["HOPBUS_CHECKPOINT_DIR"] = str((self.out / CHECKPOINTS).resolve())
+        if self.resume_from is not None:
+            env["HOPBUS_RESUME_FROM"] = str(self.resume_from)
         n = self.topo.n
         if self.cfg.mode.family is Family.PS:  # node N: the parameter server
             self._start(
@@ -208,9 +248,13 @@ class Launcher:
         try:
             self._start_broker()
             self.out.mkdir(parents=True, exist_ok=True)
-            write_config_toml(self.out / "config.toml", self.cfg)
+            metrics_path = self.out / "metrics.jsonl"
+            if self.resume_from is None:
+                write_config_toml(self.out / "config.toml", self.cfg)
+            else:  # the run goes on: its settings stay, its metrics grow
+                _drop_partial_line(metrics_path)
             self._begin()
-            with (self.out / "metrics.jsonl").open("w") as metrics:
+            with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
             set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
             return outcome
@@ -230,23 +274,74 @@ class Launcher:
 
     def _begin(self) -> None:
         """Record the run and start its processes."""
+        if self.resume_from is not None:
+            self._clear_stale_run()
+            discard_after(self.out / CHECKPOINTS, range(self.topo.n), self.resume_from)
         create_run(self.r, self.keys, self.cfg.public(), __version__)
+        if self.resume_from is not None:
+            self.r.hset(self.keys.meta, "resumed_from", self.resume_from)
         set_status(self.r, self.keys, "running")
         self._spawn()
 
+    def _clear_stale_run(self) -> None:
+        """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
+        (a process of it still alive would write into the same folder: refuse then), and
+        delete the keys it left in Redis (none with a private redis-server)."""
+        from hopbus.runtime.node import FINISHED
+
+        hb = [self.keys.hb(i) for i in range(self.topo.n + 1)]  # + a parameter server's
+        not_live = (None, FINISHED.encode())
+        deadline = time.monotonic() + self.cfg.heartbeat + 1.0  # the heartbeats' longest TTL
+        while True:
+            beating = [k for k, v in zip(hb, self.r.mget(hb), strict=True) if v not in not_live]
+            if not beating:
+                break
+            if time.monotonic() >= deadline:
+                raise RunStateError(
+                    f"run {self.keys.run} still has live processes in this Redis ({beating[0]} "
+                    "keeps beating): stop them before resuming it"
+                )
+            time.sleep(0.1)  # polling for the stopped run's heartbeats to expire
+        clean_run(self.r, self.keys)
+
     def _poll(self) -> tuple[bool, str | None]:
-        """(every process is done, the first failure): here, from the processes' exit codes."""
+        """(every process is done, the first failure): here, from the processes' exit codes.
+        A worker that dies mid-run is a failure unless the run can go on without it."""
         failure: str | None = None
         for p in self.procs:
             if p.code is None:
                 p.code = p.popen.poll()
                 if p.code not in (None, 0) and failure is None:
-                    failure = _why(p)
-        return all(p.code == 0 for p in self.procs), failure
+                    failure = self._lose(p.worker, _why(p), gone=True)
+        done = all(p.code == 0 or p.worker in self.lost for p in self.procs)
+        return done, failure
+
+    def _lose(self, node: int, why: str, *, gone: bool) -> str | None:
+        """Node ``node`` is gone (``why``). Returns None if the run goes on without it: a Hop
+        worker that had started, within what the mode tolerates (protocol/membership.py);
+        otherwise the failure to report, after stopping the run for every node. ``gone``: the
+        process is known to have ended (not just its heartbeat)."""
+        from hopbus.coord.control import RunControl
+        from hopbus.protocol.membership import survivable
+
+        control = RunControl(self.r, self.keys, -1)
+        reason: str | None = why
+        if self.cfg.mode.is_hop and node < self.topo.n and self.r.exists(self.keys.iter(node)):
+            dead = set(self.lost) | {node}
+            reason = survivable(self.cfg.protocol_settings(), self.topo, dead)
+            if reason is None:
+                if not control.declare_dead(node, force=gone):  # beating again, or finished
+                    return why if gone else None  # (a watcher looks again later)
+                self.lost[node] = why
+                self.notes.append(f"{why}; the run goes on without it")
+                return None
+            reason = f"{why}; {reason}"
+        control.stop_run(reason)
+        return reason
 
     def _new_replay(self, t0: float) -> Replay:
         setting = self.cfg.gap_setting()
-        return Replay(self.topo, setting, t0, self.cfg.target_loss)
+        return Replay(self.topo, setting, t0, self.cfg.target_loss, start=self.resume_from or 0)
 
     # -- following the run ------------------------------------------------------------------------
     def _feed(
@@ -267,7 +362,13 @@ class Launcher:
         cursor = "0-0"
         pending: list[tuple[str, dict[str, Any]]] = []
         while True:
-            entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
+            try:
+                entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                failure = self._broker_lost(exc)
+                if failure is not None:
+                    break
+                continue
             if entries:
                 cursor = entries[-1][0]
                 pending.extend(entries)
@@ -285,6 +386,37 @@ class Launcher:
             self._feed(pending, metrics, t0=self.t_start)
         return Outcome(self._summary(failure), failure)
 
+    def _broker_lost(self, exc: BaseException) -> str | None:
+        """Redis went away. A private redis-server that died is started again at its address;
+        any other is waited for with backoff, up to --timeout. Once it answers, the run's
+        record is put back if it was lost (the workers put back their own state). Returns the
+        failure if it does not come back or a worker fails meanwhile."""
+        self.notes.append(f"lost Redis at {redact(self.url)} ({exc}); waiting for it")
+        deadline = time.monotonic() + self.cfg.timeout
+        delay = 0.05
+        while True:
+            if self.broker is not None and self.broker.died:
+                with contextlib.suppress(Exception):
+                    self.broker.restart()
+            try:
+                self.r.ping()
+                break
+            except (redis.ConnectionError, redis.TimeoutError):
+                _, failure = self._poll()
+                if failure is not None:
+                    return failure
+                if time.monotonic() + delay > deadline:
+                    return (
+                        f"lost Redis at {redact(self.url)} and it did not come back within "
+                        f"{self.cfg.timeout:g} s"
+                    )
+                time.sleep(delay)  # backoff between reconnection attempts
+                delay = min(delay * 2, 1.0)
+        if not self.r.exists(self.keys.meta):
+            restore_run(self.r, self.keys, self.cfg.public(), __version__)
+        self.notes.append("Redis is back; the workers put back their state")
+        return None
+
     def _summary(self, failure: str | None) -> dict[str, Any]:
         if self.replay is None:
             self.replay = self._new_replay(self.t_start)
@@ -297,11 +429,13 @@ class Launcher:
                 results_i = {k.decode(): int(v) for k, v in stats.items()}
                 if results_i:
                     results[i] = results_i
-        finished = failure is None and all("final_accuracy" in r for r in results.values())
-        finished = finished and len(results) == self.topo.n
+        live = [i for i in range(self.topo.n) if i not in self.lost]
+        finished = failure is None and all("final_accuracy" in results.get(i, {}) for i in live)
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
         token_check = (
-            token_invariant_violations(self.r, self.keys, self.topo, self.cfg.max_ig)
+            token_invariant_violations(
+                self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
+            )
             if finished and self.cfg.mode.is_hop
             else 0
         )
@@ -320,6 +454,8 @@ class Launcher:
             failure=failure,
         )
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
+        if self.resume_from is not None:
+            summary["resumed_from"] = self.resume_from
         return summary
 
 
@@ -353,15 +489,26 @@ class Watcher(Launcher):
             if rec.get("kind") == "error":
                 who = names([int(rec.get("worker", -1))], ps)
                 return False, f"{who}: {rec.get('message', 'failed')}"
+        stop = self.r.get(self.keys.stop)
+        if stop is not None:
+            return False, stop.decode(errors="replace")
         registered = [int(k) for k in self.r.hkeys(self.keys.addr)]
         beating = {i for i in registered if self.r.exists(self.keys.hb(i))}
         done = {int(k) for k in self.r.hkeys(self.keys.result)}
         gone = {i for i in registered if i not in beating and i not in done}
-        dead = sorted(gone & self._missing)  # twice in a row: not a node between two steps
+        dead = sorted(gone & self._missing - set(self.lost))  # twice in a row: not a restart
         self._missing = gone
-        if dead:
-            return False, f"{names(dead, ps)}: heartbeat gone without a result (process died?)"
-        return len(done) >= n + (ps is not None), None
+        for i in dead:
+            failure = self._lose(
+                i, f"{names([i], ps)}: heartbeat gone without a result", gone=False
+            )
+            if failure is not None:
+                return False, failure
+        for i in map(int, self.r.smembers(self.keys.dead)):  # declared by its neighbours
+            if i not in self.lost:
+                self.lost[i] = f"{names([i], ps)} died (heartbeat gone)"
+                self.notes.append(f"{self.lost[i]}; the run goes on without it")
+        return len(done) + len(self.lost) >= n + (ps is not None), None
 
 
 def _finish(launcher: Launcher) -> Outcome:
@@ -371,14 +518,39 @@ def _finish(launcher: Launcher) -> Outcome:
     return outcome
 
 
-def _checked(cfg: TrainConfig) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
+def _checked(
+    cfg: TrainConfig, curve: Path | None = None
+) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
     """check_inputs, showing each of its warnings once."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        checked = check_inputs(cfg)
+        checked = check_inputs(cfg, curve)
     for w in seen:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return checked
+
+
+def _drop_partial_line(path: Path) -> None:
+    """A killed launcher may leave metrics.jsonl ending in half a line: cut it off before
+    appending, so that every line stays one JSON object."""
+    try:
+        fh = path.open("rb+")
+    except FileNotFoundError:
+        return
+    with fh:
+        end = pos = fh.seek(0, os.SEEK_END)
+        while pos > 0:
+            step = min(1 << 16, pos)
+            fh.seek(pos - step)
+            chunk = fh.read(step)
+            if pos == end and chunk.endswith(b"\n"):
+                return
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                fh.truncate(pos - step + cut + 1)
+                return
+            pos -= step
+        fh.truncate(0)
 
 
 def _out_folder(out: Path | None, keys: RunKeys) -> Path:
@@ -390,10 +562,10 @@ def _out_folder(out: Path | None, keys: RunKeys) -> Path:
     return out
 
 
-def record(cfg: TrainConfig, *, run: str | None, redis_url: str) -> str:
+def record(cfg: TrainConfig, *, run: str | None, redis_url: str, curve: Path | None = None) -> str:
     """``hopbus create``: check the run as ``hopbus train`` does and record it in Redis,
     starting nothing; workers started elsewhere join it. Returns the run id."""
-    cfg, _, _ = _checked(cfg)
+    cfg, _, _ = _checked(cfg, curve)
     check_url(redis_url)
     keys = RunKeys(run or new_run_id(cfg))
     client = connect(redis_url, timeout=min(10.0, cfg.timeout))
@@ -436,17 +608,113 @@ def train(
     out: Path | None,
     redis_url: str | None,
     on_update: Callable[[Launcher], None] | None = None,
+    curve: Path | None = None,
 ) -> tuple[Launcher, Outcome]:
-    """Check everything, run, write summary.json; raises UserError for bad input."""
-    cfg, topo, specs = _checked(cfg)
+    """Check everything, run, write summary.json; raises UserError for bad input. ``curve``:
+    the run's CURVE key folder (needed with ``cfg.curve``), handed to every process."""
+    cfg, topo, specs = _checked(cfg, curve)
     if redis_url is not None:
         check_url(redis_url)
     keys = RunKeys(run or new_run_id(cfg))  # validates the id before anything is created
     out = _out_folder(out, keys)
     launcher = Launcher(
-        cfg, topo, specs, run=keys.run, out=out, redis_url=redis_url, on_update=on_update
+        cfg,
+        topo,
+        specs,
+        run=keys.run,
+        out=out,
+        redis_url=redis_url,
+        on_update=on_update,
+        curve=curve,
     )
     return launcher, _finish(launcher)
 
 
-__all__ = ["Launcher", "Outcome", "Watcher", "check_inputs", "record", "train", "watch"]
+@dataclass(frozen=True)
+class ResumePlan:
+    """What ``hopbus train --resume`` continues: the run's results folder, id and settings,
+    and the iteration of its newest complete checkpoint set."""
+
+    folder: Path
+    run: str
+    cfg: TrainConfig
+    at: int
+    workers: int
+
+
+def _resume_folder(target: str) -> Path:
+    folder = Path(target)
+    if folder.is_dir():
+        return folder
+    alt = Path("runs") / target
+    if alt.is_dir():
+        return alt
+    raise ConfigError(f"--resume {target!r}: no such results folder (nor {alt})")
+
+
+def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
+    """``--resume RUN`` (a results folder, or a run id: runs/RUN): the run's settings from its
+    config.toml (``timeout`` may override its --timeout), and its newest complete set."""
+    folder = _resume_folder(target)
+    path = folder / "config.toml"
+    if not path.is_file():
+        raise ConfigError(
+            f"--resume {target!r}: {folder} has no config.toml: not a hopbus train results folder"
+        )
+    values = load_toml(path)
+    from_file = dict.fromkeys(values, str(path))
+    if timeout is not None:
+        values["timeout"] = timeout
+        from_file.pop("timeout", None)
+    cfg = make_config(values, from_file, TrainConfig)
+    assert isinstance(cfg, TrainConfig)
+    with warnings.catch_warnings():  # shown once, by check_inputs, when the run starts
+        warnings.simplefilter("ignore")
+        _, topo = cfg.build_topology()
+    folder_ck = folder / CHECKPOINTS
+    at = newest_complete(folder_ck, topo.n)
+    if at is None:
+        why = "" if cfg.checkpoint_every else " (the run was started without --checkpoint-every)"
+        raise ConfigError(f"no complete checkpoint set in {folder_ck}: nothing to resume{why}")
+    run = RunKeys(run_of(folder_ck, 0, at)).run  # validated as a run id
+    return ResumePlan(folder, run, cfg, at, topo.n)
+
+
+def resume(
+    plan: ResumePlan,
+    *,
+    redis_url: str | None,
+    on_update: Callable[[Launcher], None] | None = None,
+) -> tuple[Launcher, Outcome]:
+    """``hopbus train --resume``: the run again, under the same id and folder, every worker
+    starting from its checkpoint of ``plan.at``; metrics.jsonl grows, summary.json is
+    replaced (with ``resumed_from``). The results folder is reused on purpose."""
+    cfg, topo, specs = _checked(plan.cfg)
+    if redis_url is not None:
+        check_url(redis_url)
+    launcher = Launcher(
+        cfg,
+        topo,
+        specs,
+        run=plan.run,
+        out=plan.folder,
+        redis_url=redis_url,
+        on_update=on_update,
+        resume_from=plan.at,
+    )
+    return launcher, _finish(launcher)
+
+
+__all__ = [
+    "Launcher",
+    "Outcome",
+    "ResumePlan",
+    "Watcher",
+    "check_curve",
+    "check_inputs",
+    "plan_resume",
+    "record",
+    "resume",
+    "train",
+    "watch",
+]

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,16 +30,20 @@ from hopbus.coord.client import connect
 from hopbus.coord.control import Heartbeat, RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import load_config
-from hopbus.errors import ConfigError, RunFailure
+from hopbus.errors import ConfigError, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
 from hopbus.topology import Topology
-from hopbus.transport import Inbox, Message, Outbox, TransportError, Validator
+from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
-HEARTBEAT_MAX_S = 10.0
 FINISHED = "finished"  # the heartbeat key's value once a node is done (kept without TTL)
+
+
+def log(line: str) -> None:
+    """One line on stderr (a worker's log), for what happened but is not an error."""
+    print(f"hopbus: {line}", file=sys.stderr, flush=True)
 
 
 def names(nodes: Sequence[int], ps: int | None = None) -> str:
@@ -105,8 +111,11 @@ class Node:
         timeout: float | None = None,
         client: redis.Redis | None = None,
         device: str | None = None,
+        curve: Path | None = None,
     ) -> None:
         self.keys = RunKeys(run)
+        self._curve_dir = curve  # --curve: the run's key folder; loaded once the config says
+        self.curve_keys: CurveKeys | None = None
         self.node = node
         self.redis_url = redis_url
         self.bind = bind
@@ -126,6 +135,11 @@ class Node:
         self.trainer: Trainer  # set by each kind of node's _setup
 
     @property
+    def heartbeat_s(self) -> float:
+        """How long this node's heartbeat lives: the run's --heartbeat, at most --timeout."""
+        return min(self.cfg.heartbeat, self.timeout)
+
+    @property
     def who(self) -> str:
         return names([self.node], self.ps_id)
 
@@ -142,6 +156,7 @@ class Node:
             assert isinstance(cfg, TrainConfig)
         self.cfg, self.topo = cfg, topo
         self._place()
+        self._load_curve()
         self.faults = Faults.for_worker(self.node)
         self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(
             topo.graph, topo.name
@@ -154,6 +169,25 @@ class Node:
             raise ConfigError(
                 f"--id {self.node}: run {self.keys.run!r} has workers 0..{self.topo.n - 1}"
             )
+
+    def _load_curve(self) -> None:
+        """The run's CURVE keys when it requires them; one line when this node's --curve and
+        the run disagree (a node without keys cannot talk to the others, and one with keys
+        that the run does not ask for would be a mistake in the deployment)."""
+        run = self.keys.run
+        if self.cfg.curve and self._curve_dir is None:
+            raise ConfigError(
+                f"run {run} requires CURVE on its data plane: give {self.who} the run's key "
+                "folder with --curve DIR or HOPBUS_CURVE"
+            )
+        if self._curve_dir is not None and not self.cfg.curve:
+            raise ConfigError(
+                f"--curve (HOPBUS_CURVE) given, but run {run} was created without --curve: its "
+                "other processes would not understand this one; drop --curve, or create the "
+                "run with it"
+            )
+        if self._curve_dir is not None:
+            self.curve_keys = CurveKeys.load(self._curve_dir)
 
     def _open(
         self,
@@ -168,7 +202,13 @@ class Node:
         self.ctx = zmq.Context()
         try:
             self.inbox = Inbox(
-                self.ctx, self.bind, validator, on_message, hwm=hwm, delay=self._link_delay()
+                self.ctx,
+                self.bind,
+                validator,
+                on_message,
+                hwm=hwm,
+                delay=self._link_delay(),
+                curve=self.curve_keys,
             )
         except TransportError as exc:
             raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
@@ -183,7 +223,7 @@ class Node:
         self.endpoint = endpoint
         self.control.register(endpoint)
         self.heartbeat = Heartbeat(
-            self.control, min(HEARTBEAT_MAX_S, self.timeout), stats=self.stats
+            self.control, self.heartbeat_s, stats=self.stats, patience_s=self.timeout
         ).start()
 
     def _link_delay(self) -> Callable[[int], float] | None:
@@ -196,7 +236,13 @@ class Node:
 
     def _outbox(self, peers: Sequence[int], hwm: int) -> Outbox:
         assert self.ctx is not None
-        return Outbox(self.ctx, self._wait_endpoints(peers), hwm=hwm, send_timeout_s=self.timeout)
+        return Outbox(
+            self.ctx,
+            self._wait_endpoints(peers),
+            hwm=hwm,
+            send_timeout_s=self.timeout,
+            curve=self.curve_keys,
+        )
 
     def _wait_endpoints(self, peers: Sequence[int]) -> dict[int, str]:
         deadline = time.monotonic() + self.timeout
@@ -224,17 +270,53 @@ class Node:
     def _check_threads(self) -> None:
         if self.inbox is not None and self.inbox.error is not None:
             raise self.inbox.error
-        if self.heartbeat is not None and self.heartbeat.error is not None:
-            raise RunFailure(f"{self.who} lost Redis: {self.heartbeat.error}")
+        hb = self.heartbeat
+        if hb is not None and hb.error is not None:
+            raise RunFailure(f"{self.who} lost Redis: {hb.error}")
+        if hb is not None and hb.stopped is not None:
+            raise RunStopped(f"{self.who} stopped with the run: {hb.stopped}")
 
-    def _check_alive(self, peers: Sequence[int], what: str) -> None:
+    def _reconnect(self, exc: BaseException) -> None:
+        """Redis went away (``exc``): try again with backoff until it answers, or fail after
+        --timeout with one line. What it lost is the caller's business."""
+        assert self.r is not None
+        log(f"{self.who} lost Redis ({exc}); reconnecting for up to {self.timeout:g} s")
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        while True:
+            try:
+                self.r.ping()
+                log(f"{self.who} reached Redis again")
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as again:
+                if time.monotonic() + delay > deadline:
+                    raise RunFailure(
+                        f"{self.who} lost Redis and it did not come back within "
+                        f"{self.timeout:g} s ({again}); resume from a checkpoint: hopbus train "
+                        "--resume RUN"
+                    ) from None
+                time.sleep(delay)  # backoff between reconnection attempts
+                delay = min(delay * 2, 1.0)
+
+    def _check_alive(self, peers: Sequence[int], what: str) -> bool:
+        """Whether some of ``peers`` lost their heartbeat and the node goes on without them
+        (``_lose``); False if all are alive."""
+        if not peers:
+            return False
         alive = self.control.alive(peers)
         dead = [j for j, a in alive.items() if not a]
-        if dead:
-            raise RunFailure(
-                f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
-                f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
-            )
+        return self._lose(dead, what) if dead else False
+
+    def _lose(self, dead: Sequence[int], what: str) -> bool:
+        """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
+        (no spare capacity): stop the run for every node, naming them, and fail. A Hop worker
+        with backup workers may go on instead (Worker._lose)."""
+        why = (
+            f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
+            f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
+        )
+        self.control.stop_run(f"{names(dead, self.ps_id)} died (heartbeat gone)")
+        raise RunFailure(why)
 
     def wait_for(
         self,

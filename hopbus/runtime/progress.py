@@ -24,7 +24,7 @@ from hopbus.modes import Family, Mode
 from hopbus.summary import RunStats, progress_summary
 from hopbus.topology import GapSetting, Topology
 
-_INTS = ("worker", "iter", "jump")
+_INTS = ("worker", "iter", "jump", "dead", "rejoin")
 _FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy")
 
 
@@ -78,10 +78,20 @@ class Replay:
     """Iteration changes in stream order -> gaps, step times, latest view of every worker."""
 
     def __init__(
-        self, topo: Topology, setting: GapSetting, t0: float, target_loss: float | None = None
+        self,
+        topo: Topology,
+        setting: GapSetting,
+        t0: float,
+        target_loss: float | None = None,
+        *,
+        start: int = 0,
     ) -> None:
+        """``start``: the iteration every worker begins in (a run resumed from a checkpoint
+        set; its first entries are of iteration ``start + 1``)."""
         self.t0 = t0
+        self.topo, self.setting = topo, setting
         self.monitor = GapMonitor(topo, setting)
+        self.lost: list[dict[str, Any]] = []  # workers declared dead: worker, iteration, t
         self.stats = RunStats(topo.n)
         self.views = [WorkerView() for _ in range(topo.n)]
         self.target_loss = target_loss
@@ -89,6 +99,11 @@ class Replay:
         self.entries = 0
         self.out_of_order = 0  # entries whose iteration did not move forward (must stay 0)
         self.wait_s = 0.0  # summed over every entry: time workers spent blocked
+        if start:
+            self.monitor.start_at(start)
+            self.stats.start_at(start)
+            for view in self.views:
+                view.iteration = start
 
     def feed(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Take one entry; returns it with ``t`` relative to the run's start."""
@@ -96,6 +111,9 @@ class Replay:
         t = rec.get("t", self.t0) - self.t0
         rec = {**rec, "t": round(t, 6)}
         v = self.views[w]
+        if rec.get("dead") or rec.get("rejoin"):
+            self._membership(rec, w, it, t)
+            return rec
         if it <= v.iteration:
             self.out_of_order += 1
             return rec
@@ -112,10 +130,27 @@ class Replay:
             self._check_target(t)
         return rec
 
+    def _membership(self, rec: dict[str, Any], w: int, it: int, t: float) -> None:
+        """A worker declared dead (its gaps stop counting; the live workers are held to Table 1
+        in the graph without it) or a replacement that rejoined in iteration ``it``."""
+        from hopbus.protocol.membership import bounds_without
+
+        gone = set(self.monitor.gone)
+        if rec.get("dead"):
+            gone.add(w)
+            self.monitor.remove(w, bounds_without(self.topo, self.setting, gone))
+            self.lost.append({"worker": w, "iteration": it, "t": round(t, 6)})
+            return
+        gone.discard(w)
+        self.monitor.rejoin(w, it, bounds_without(self.topo, self.setting, gone))
+        self.stats.restart(w, it, t)
+        self.views[w].iteration, self.views[w].t = it, t
+
     def _check_target(self, t: float) -> None:
         if self.target_loss is None or self.time_to_target is not None:
             return
-        losses = [v.eval_loss for v in self.views]
+        gone = self.monitor.gone
+        losses = [v.eval_loss for i, v in enumerate(self.views) if i not in gone]
         if all(x is not None for x in losses) and statistics.fmean(losses) <= self.target_loss:
             self.time_to_target = t
 
@@ -153,7 +188,7 @@ def summarize_run(
     blocked = [
         {"worker": i, "iteration": v.iteration, "waiting_for": "updates", "on": v.blocked_on}
         for i, v in enumerate(replay.views)
-        if not finished and v.iteration < cfg_public["iterations"]
+        if not finished and v.iteration < cfg_public["iterations"] and i not in replay.monitor.gone
     ]
     return {
         "config": cfg_public,
@@ -182,6 +217,7 @@ def summarize_run(
             "progress_out_of_order": replay.out_of_order,
         },
         "blocked": blocked,
+        "lost_workers": replay.lost,
         "topology": topo.brief,
         "runtime_s": runtime_s,
         "final_loss": _mean([r.get("final_loss") for r in res]),
@@ -231,14 +267,15 @@ _PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy", "cpu_s")
 
 
 def token_invariant_violations(
-    client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int
+    client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int, *, dead: set[int] = frozenset()
 ) -> int:
     """Edges where TokenQ(j->i).size != Iter(j) - Iter(i) + max_ig (Theorem 2), read when no
-    worker is half-way through entering an iteration (e.g. after every worker finished)."""
+    worker is half-way through entering an iteration (e.g. after every worker finished). Edges
+    with a dead end are left out: their queues stopped binding when it died."""
     if max_ig <= 0:
         return 0
     iters = [int(v or 0) for v in client.mget([keys.iter(i) for i in range(topo.n)])]
-    edges = token_edges(topo)
+    edges = [(j, i) for j, i in token_edges(topo) if j not in dead and i not in dead]
     sizes = queue_sizes(client, keys, edges)
     return sum(
         int(size != iters[j] - iters[i] + max_ig) for (j, i), size in zip(edges, sizes, strict=True)

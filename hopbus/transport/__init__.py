@@ -22,8 +22,9 @@ from hopbus.transport.codec import (
     encode_update,
     layout_of,
 )
+from hopbus.transport.curve import CurveKeys
 from hopbus.transport.errors import TransportError
-from hopbus.transport.inbox import Inbox, hwm_for
+from hopbus.transport.inbox import UNAUTHENTICATED, Inbox, hwm_for
 from hopbus.transport.outbox import Outbox
 
 __all__ = [
@@ -37,7 +38,9 @@ __all__ = [
     "KIND_PHASE",
     "KIND_SUM",
     "KIND_UPDATE",
+    "UNAUTHENTICATED",
     "WIRE_VERSION",
+    "CurveKeys",
     "FrameError",
     "Inbox",
     "Layout",

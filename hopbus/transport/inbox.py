@@ -13,23 +13,39 @@ and no valid update waits.
 Emulated slow links (``--slowdown link:...`` or ``machines:...``): given ``delay``, the
 receiver thread holds each valid message for ``delay(src)`` seconds before handing it over, in
 arrival order per sender, so the callback still runs on this one thread only.
+
+CURVE (``curve``, ``--curve``): the socket serves with the run's server keypair and a ZAP
+authenticator admits only the run's client key, so a peer without the run's keys never
+completes a handshake and none of its frames is ever received. Such refusals are counted under
+``UNAUTHENTICATED``, once per refused handshake (its frames never arrive to be counted).
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import ClassVar
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from hopbus.transport.codec import DROP_REASONS, FrameError, Message, Validator
+from hopbus.transport.curve import CurveKeys
 from hopbus.transport.errors import TransportError
 
 POLL_MS = 100  # how long close() may wait for the receiver thread to notice
 DRAIN_BATCH = 64  # messages taken per wake-up before checking for close() again
+UNAUTHENTICATED = "unauthenticated"
+"""A CURVE inbox's extra drop reason: a connection refused at its handshake (no keys, or not
+the run's). Counted per refused handshake, not per frame."""
+REFUSED_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+"""Monitor events of a refused peer: ZAP said no (a wrong client key), or the handshake
+itself failed (a peer without CURVE, or one that does not know the server key)."""
 
 
 def hwm_for(outstanding: int, *, acks: bool = False, slack: int = 2) -> int:
@@ -48,6 +64,9 @@ class Inbox:
 
     ``delay(src)``: seconds a message from ``src`` is held before delivery (emulated link
     latency); None or 0 delivers at once.
+
+    ``curve``: serve with the run's CURVE keys and admit only its client key (see the module
+    docstring); None is a plain socket that accepts any peer.
     """
 
     def __init__(
@@ -59,30 +78,38 @@ class Inbox:
         *,
         hwm: int,
         delay: Callable[[int], float] | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.validator = validator
         self._on_message = on_message
         self._delay = delay
         self._held: list[tuple[float, int, Message]] = []  # (due, arrival order, message)
         self._order = itertools.count()
-        self._drops = dict.fromkeys(DROP_REASONS, 0)
+        reasons = (*DROP_REASONS, UNAUTHENTICATED) if curve is not None else DROP_REASONS
+        self._drops = dict.fromkeys(reasons, 0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.received = 0
         self.error: BaseException | None = None
+        self._ctx = ctx
+        self._gate: _Gate | None = None
+        self._domain = ""
+        self._monitor: zmq.Socket | None = None
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         # libzmq checks each frame against this before allocating it and disconnects the peer
         # that exceeds it: the largest frame a valid message has (header bound or biggest tensor)
         sock.setsockopt(zmq.MAXMSGSIZE, validator.max_frame_bytes)
+        self._sock = sock
         try:
+            if curve is not None:
+                self._serve_curve(curve)
             sock.bind(bind)
         except zmq.ZMQError as exc:
-            sock.close(linger=0)
+            self._close_sockets()
             raise TransportError(f"inbox: cannot bind {bind}: {exc.strerror}") from None
-        self._sock = sock
         self.endpoint: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port: int = int(self.endpoint.rsplit(":", 1)[1])
 
@@ -111,11 +138,37 @@ class Inbox:
 
     def close(self) -> None:
         """Stop the thread (within about ``POLL_MS``) and close the socket, dropping anything
-        still queued."""
+        still queued; a CURVE inbox also lets go of its context's authenticator."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        self._close_sockets()
+
+    def _serve_curve(self, curve: CurveKeys) -> None:
+        """Make the socket a CURVE server behind the context's ZAP authenticator, and watch
+        its refused handshakes. Before bind: no peer may connect before the gate is up."""
+        sock = self._sock
+        self._gate, self._domain = _Gate.enter(self._ctx, curve.allowed_clients)
+        sock.setsockopt(zmq.ZAP_DOMAIN, self._domain.encode())
+        with contextlib.suppress(AttributeError, zmq.ZMQError):  # libzmq >= 4.3 (draft before)
+            # without a ZAP handler (it died), refuse every peer rather than admit any
+            sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.server_public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, curve.server_secret)
+        self._monitor = sock.get_monitor_socket(REFUSED_EVENTS)
+
+    def _close_sockets(self) -> None:
+        if self._monitor is not None:
+            if not self._sock.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         self._sock.close(linger=0)
+        if self._gate is not None:
+            self._gate.leave(self._domain)
+            self._gate = None
 
     def __enter__(self) -> Inbox:
         return self
@@ -124,20 +177,40 @@ class Inbox:
         self.close()
 
     def _run(self) -> None:
-        sock = self._sock
+        sock, monitor, gate = self._sock, self._monitor, self._gate
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if poller.poll(self._poll_ms()):
+                ready = dict(poller.poll(self._poll_ms()))
+                if sock in ready:
                     for _ in range(DRAIN_BATCH):
                         if not self._receive_one(sock):
                             break
+                if monitor is not None and monitor in ready:
+                    self._count_refusals(monitor)
+                if gate is not None and not gate.alive:
+                    raise TransportError("inbox: the CURVE authenticator thread stopped")
                 self._deliver_due()
         except zmq.ContextTerminated:
+            if monitor is not None:
+                monitor.close(linger=0)
             sock.close(linger=0)  # the owner is tearing down: let ctx.term() finish
         except BaseException as exc:
             self.error = exc
+
+    def _count_refusals(self, monitor: zmq.Socket) -> None:
+        """Count the refused handshakes the monitor reports."""
+        for _ in range(DRAIN_BATCH):
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] & REFUSED_EVENTS:
+                with self._lock:
+                    self._drops[UNAUTHENTICATED] += 1
 
     def _receive_one(self, sock: zmq.Socket) -> bool:
         """Receive and handle one message if one is waiting. Its frames die with this call
@@ -175,3 +248,61 @@ class Inbox:
         now = time.monotonic()
         while self._held and self._held[0][0] <= now:
             self._on_message(heapq.heappop(self._held)[2])
+
+
+class _Allowed:
+    """The ZAP credentials check of one inbox: is the client's public key one of the run's?"""
+
+    def __init__(self, keys: Collection[bytes]) -> None:
+        self._keys = frozenset(keys)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self._keys
+
+
+class _Gate:
+    """The ZAP authenticator of one context, shared by its CURVE inboxes.
+
+    ZeroMQ takes one ZAP handler per context (it binds a fixed inproc address), so the first
+    CURVE inbox of a context starts it and the last one to close stops it; each inbox checks
+    its clients under a ZAP domain of its own, so inboxes of different runs sharing a context
+    each admit only their own run's key."""
+
+    _open: ClassVar[dict[zmq.Context, _Gate]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _names: ClassVar[itertools.count] = itertools.count()
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.ctx = ctx
+        self.auth = ThreadAuthenticator(ctx)
+        self.domains: set[str] = set()
+
+    @classmethod
+    def enter(cls, ctx: zmq.Context, allowed: Collection[bytes]) -> tuple[_Gate, str]:
+        """The context's gate (started if new) and a new ZAP domain on it admitting
+        ``allowed``."""
+        with cls._lock:
+            gate = cls._open.get(ctx)
+            if gate is None:
+                gate = cls(ctx)
+                gate.auth.start()
+                cls._open[ctx] = gate
+            domain = f"hopbus-{next(cls._names)}"
+            gate.auth.configure_curve_callback(domain, _Allowed(allowed))
+            gate.domains.add(domain)
+            return gate, domain
+
+    def leave(self, domain: str) -> None:
+        """Forget ``domain``; stop the authenticator once no inbox of the context uses it."""
+        with self._lock:
+            # the domain's check stays with the authenticator (it may be answering a request
+            # of it right now); its socket is closed, so no new request can name it
+            self.domains.discard(domain)
+            if not self.domains and self._open.get(self.ctx) is self:
+                del self._open[self.ctx]
+                with contextlib.suppress(zmq.ZMQError):  # the context is already gone
+                    self.auth.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.auth.is_alive()

@@ -9,6 +9,9 @@ as bounded), so the runtime passes that plus a small slack (``inbox.hwm_for``). 
 operation the mark is then never reached, no valid message waits, and a send that does block
 past ``send_timeout_s`` means the peer is gone or stuck: ``TransportError``, not a silent drop
 (PUSH never drops).
+
+CURVE (``curve``): each socket connects as the run's client and checks that the peer holds the
+run's server key, so a send reaches only an inbox of the run, encrypted.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import zmq
 
+from hopbus.transport.curve import CurveKeys
 from hopbus.transport.errors import TransportError
 
 __all__ = ["Outbox", "TransportError"]
@@ -26,7 +30,8 @@ class Outbox:
     """PUSH sockets to ``endpoints`` (peer id -> address), connected now: ZeroMQ queues what is
     sent before a peer is up and delivers it when it comes.
 
-    Used from one thread (ZeroMQ sockets are not thread-safe).
+    Used from one thread (ZeroMQ sockets are not thread-safe). ``curve``: connect with the
+    run's CURVE client keys (the peers must be CURVE inboxes of the same key set).
     """
 
     def __init__(
@@ -36,8 +41,10 @@ class Outbox:
         *,
         hwm: int,
         send_timeout_s: float,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.endpoints = dict(endpoints)
+        self.curve = curve is not None
         self._socks: dict[int, zmq.Socket] = {}
         timeout_ms = max(0, round(send_timeout_s * 1000))
         try:
@@ -46,6 +53,10 @@ class Outbox:
                 self._socks[peer] = sock
                 sock.setsockopt(zmq.SNDHWM, hwm)
                 sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+                if curve is not None:
+                    sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_public)
+                    sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.client_public)
+                    sock.setsockopt(zmq.CURVE_SECRETKEY, curve.client_secret)
                 try:
                     sock.connect(endpoint)
                 except zmq.ZMQError as exc:
@@ -75,9 +86,10 @@ class Outbox:
             try:
                 sock.send_multipart(parts, copy=False)
             except zmq.Again:
+                keys = "; with --curve, does it hold the same key set?" if self.curve else ""
                 raise TransportError(
                     f"peer {peer}: send to {self.endpoints[peer]} blocked past its timeout "
-                    "(peer down or not draining its inbox)"
+                    f"(peer down or not draining its inbox{keys})"
                 ) from None
 
     def close(self, linger_s: float = 1.0) -> None:

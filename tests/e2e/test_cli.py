@@ -228,3 +228,42 @@ def test_output_that_cannot_be_written_is_one_line(tmp_path):
 def test_version():
     p = hopbus("--version")
     assert p.returncode == 0 and p.stdout.startswith("hopbus ")
+
+
+def _one_error_line(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hopbus: error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    return lines[0]
+
+
+def test_checkpoint_flags_refuse_bad_input_in_one_line(tmp_path):
+    """--checkpoint-every below 0; --checkpoint-every with a scheme that writes none;
+    --resume with another run flag, of a folder without checkpoints, of nothing at all. All
+    refused before any process or Redis starts."""
+    line = _one_error_line(hopbus("train", "--checkpoint-every", "-1"))
+    assert "--checkpoint-every" in line
+    line = _one_error_line(hopbus("train", "--mode", "ps-bsp", "--checkpoint-every", "5"))
+    assert "only the Hop modes (standard, notify-ack, backup" in line and "ps-bsp" in line
+    line = _one_error_line(hopbus("train", "--resume", str(tmp_path), "--iterations", "5"))
+    assert "leave out --iterations" in line
+    line = _one_error_line(hopbus("train", "--resume", str(tmp_path), "--out", str(tmp_path)))
+    assert "leave out --out" in line
+    line = _one_error_line(hopbus("train", "--resume", "no-such-run", cwd=tmp_path))
+    assert "no such results folder" in line
+    run = tmp_path / "runs" / "r7"
+    (run / "checkpoints" / "worker-0").mkdir(parents=True)
+    (run / "config.toml").write_text("workers = 4\ncheckpoint_every = 10\n")
+    (run / "checkpoints" / "worker-0" / "iter-00000010.npz").write_text("torn")
+    line = _one_error_line(hopbus("train", "--resume", "r7", cwd=tmp_path))
+    assert line == (
+        f"hopbus: error: no complete checkpoint set in {os.path.join('runs', 'r7', 'checkpoints')}"
+        ": nothing to resume"
+    )
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_resume_is_not_a_flag_of_create():
+    p = hopbus("create", "--resume", "x")
+    assert p.returncode == 2 and "No such option" in p.stderr

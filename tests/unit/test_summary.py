@@ -14,3 +14,21 @@ def test_p50_sample_stays_bounded_and_unbiased(monkeypatch):
     assert len(stats.steps) == 1000
     assert 0.4 < sum(s == 1.0 for s in stats.steps) / 1000 < 0.6
     assert stats.iter_time()["per_worker"] == [1.0, 3.0]
+
+
+def test_a_resumed_replay_starts_every_worker_in_the_checkpoint_iteration():
+    """hopbus train --resume: every worker begins in iteration 40, so the first entries (of
+    41) widen no gap and the step times count from 40, not from 0."""
+    from helpers import complete3
+
+    from hopbus.protocol.spec import ProtocolSettings
+    from hopbus.runtime.progress import Replay
+
+    r = Replay(complete3(), ProtocolSettings(max_ig=3).gap_setting, t0=0.0, start=40)
+    for t, (w, it) in enumerate([(0, 41), (1, 41), (2, 41), (0, 42)], start=1):
+        r.feed({"worker": w, "iter": it, "t": float(t)})
+    assert r.out_of_order == 0 and r.monitor.violations == 0
+    assert r.monitor.max_any == 1
+    assert r.stats.iterations == [42, 41, 41]
+    assert r.stats.iter_time()["per_worker"] == [4 / 2, 2 / 1, 3 / 1]
+    assert r.stats.jumps == 0

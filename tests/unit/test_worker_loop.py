@@ -192,3 +192,64 @@ def test_a_jumpers_own_parameters_weigh_as_old_as_they_are():
     seen = drive(spec, everything_ready(spec, {1: 9, 2: 9}))
     jump_reduce = next(e for e in seen if isinstance(e, fx.Reduce) and e.iteration == 3)
     assert jump_reduce.self_weight == pytest.approx(3 / (3 + 5 + 5))
+
+
+def resumed(spec, start):
+    """``everything_ready`` for a worker resumed in ``start``: its mailbox from
+    ``spec.new_mailbox(start)``, whose window begins at that iteration."""
+    box = spec.new_mailbox(start)
+    base = everything_ready(spec)
+
+    def answer(eff):
+        if isinstance(eff, fx.Recv):
+            req = eff.requirement
+            for j in spec.in_peers:
+                if type(req).__name__ != "AcksFrom":  # every update lands in the window
+                    assert box.deliver_update(j, req.iteration).name == "ACCEPTED"
+                box.deliver_ack(j, req.iteration)
+            assert req.ready(box)
+            return req.take(box)
+        return base(eff)
+
+    gen = worker_loop(spec, start=start)
+    seen, value = [], None
+    while True:
+        try:
+            eff = gen.send(value)
+        except StopIteration:
+            return seen
+        seen.append(eff)
+        value = answer(eff)
+
+
+@pytest.mark.parametrize("mode", [Mode.STANDARD, Mode.NOTIFY_ACK, Mode.STALENESS])
+def test_a_resumed_loop_starts_in_its_checkpoint_iteration(mode):
+    """start=c: Start(at=c) with the usual max_ig tokens (every worker resumes at c, so the
+    token invariant holds as at 0), the floor of c, Send(c) first (no ACK of c-1 awaited:
+    those were exchanged before the checkpoint), and Advances c -> c+1 -> ... -> iterations."""
+    spec = spec_for(iterations=8, max_ig=3, mode=mode)
+    seen = resumed(spec, 5)
+    assert seen[0] == fx.Start(put_to=(1, 2), count=3, at=5)
+    assert seen[1] == fx.PublishFloor(spec.policy.floor(5))
+    first_send = next(e for e in seen if isinstance(e, fx.Send))
+    assert first_send.iteration == 5
+    assert kinds(seen)[2:4] == ["ReadFloors", "Send"]  # nothing waited for before Send(5)
+    advances = [(e.start, e.to) for e in seen if isinstance(e, fx.Advance)]
+    assert advances == [(5, 6), (6, 7), (7, 8)]
+    assert seen[-1] == fx.Finish(8)
+
+
+def test_a_resumed_loop_at_the_end_only_finishes_and_a_start_out_of_range_is_refused():
+    spec = spec_for(iterations=4, max_ig=3)
+    assert kinds(resumed(spec, 4)) == ["Start", "PublishFloor", "Finish"]
+    with pytest.raises(ValueError, match="start iteration 5"):
+        next(worker_loop(spec, start=5))
+
+
+def test_a_fresh_mailbox_of_a_resumed_worker_accepts_that_iterations_updates():
+    """Without the resumed floor, an update of iteration c >= store_slots would overflow."""
+    spec = spec_for(iterations=100, max_ig=3)
+    c = 10 * spec.store_slots
+    assert spec.new_mailbox().deliver_update(1, c).name == "OVERFLOW"
+    assert spec.new_mailbox(c).deliver_update(1, c).name == "ACCEPTED"
+    assert spec.new_mailbox(c).deliver_update(1, c - 1).name == "STALE"

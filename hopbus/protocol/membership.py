@@ -1,0 +1,80 @@
+"""Who is still in the run: the rules for going on without a dead worker (Sec. 3.4).
+
+A worker is *dead* once its heartbeat is gone without a final result (it crashed, was killed, or
+lost its network). These rules decide, from the settings and the graph alone, whether the live
+workers can keep training without the dead ones, and what then binds them:
+
+* Recv: with backup workers (``backup``, ``hybrid``) worker i waits for |N_in(i)| - N_buw(i)
+  updates, so it can lose up to N_buw(i) in-neighbours for good (the paper's claim: tolerate up
+  to the number of backups). ``standard``, ``notify-ack`` and ``staleness`` wait for every
+  in-neighbour, so any dead in-neighbour ends the run.
+* Tokens: a dead worker's token queues stop binding the others. Its out-neighbours no longer put
+  tokens for it, and its in-neighbours no longer take tokens from it (or they would stop
+  max_ig iterations after it died). Every edge between live workers keeps its token queue and
+  its invariant, so Table 1 still holds between live workers, with distances measured in the
+  graph without the dead ones (``bounds_without``): a pair with no live path left is no longer
+  bounded.
+
+Pure: no I/O. The runtime (and ``hopbus train``'s launcher) call these with the dead set kept in
+Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+import networkx as nx
+import numpy as np
+
+from hopbus.protocol.spec import ProtocolSettings
+from hopbus.topology import GapSetting, Topology
+from hopbus.topology.bounds import bound_matrix
+
+
+def survivable(settings: ProtocolSettings, topo: Topology, dead: Collection[int]) -> str | None:
+    """None if the live workers can go on without ``dead``; otherwise why they cannot (one
+    clause, to follow "worker J died: ")."""
+    dead = set(dead)
+    if not dead:
+        return None
+    if len(dead) >= topo.n:
+        return "no worker is left"
+    if not settings.mode.uses_backup:
+        return (
+            f"--mode {settings.mode} cannot go on without a worker (backup and hybrid can, "
+            "up to --backup dead in-neighbours per worker)"
+        )
+    for i in range(topo.n):
+        if i in dead:
+            continue
+        lost = sorted(dead.intersection(topo.in_peers[i]))
+        if len(lost) > settings.backup_of(i):
+            return (
+                f"worker {i} lost {len(lost)} in-neighbours ({', '.join(map(str, lost))}) but "
+                f"has --backup {settings.backup_of(i)}"
+            )
+    return None
+
+
+def live(peers: Iterable[int], dead: Collection[int]) -> tuple[int, ...]:
+    """``peers`` without the dead ones, in order."""
+    return tuple(p for p in peers if p not in dead)
+
+
+def bounds_without(topo: Topology, setting: GapSetting, dead: Collection[int]) -> np.ndarray:
+    """Table 1's per-pair bounds between the live workers, in the graph without ``dead``
+    (``inf`` for pairs with a dead worker or with no live path left)."""
+    if not dead:
+        return topo.bounds(setting)
+    g = topo.graph.copy()
+    g.remove_nodes_from(dead)
+    dist = np.full((topo.n, topo.n), np.inf, dtype=np.float64)
+    for i, lengths in nx.all_pairs_shortest_path_length(g):
+        for j, d in lengths.items():
+            dist[i, j] = d
+    b = bound_matrix(setting, dist)
+    for w in dead:
+        b[w, :] = np.inf
+        b[:, w] = np.inf
+        b[w, w] = 0.0
+    return b

@@ -1,0 +1,299 @@
+"""Checkpoints of Hop workers: parameters, optimizer state, minibatch stream and iteration.
+
+A checkpoint of worker I in iteration k is one ``.npz`` file, ``<folder>/worker-<I>/iter-<k>.npz``
+(k with 8 digits), holding the state worker I had on *entering* iteration k:
+
+* ``param/<name>``: the parameters x_k;
+* ``opt/<name>``: the optimizer's momentum buffers;
+* ``data/order``: the permutation of the worker's shard in use (with the position and the
+  generator's state in the metadata, the minibatch stream continues exactly where it was);
+* ``meta``: a JSON string (worker, iteration, run, model, layout, hopbus version, time, the
+  minibatch position), so that a file explains itself.
+
+Only plain arrays: loading never needs ``allow_pickle``. A file is written to a temporary name in
+the same folder, flushed and fsynced, renamed over its final name (atomic on POSIX) and the folder
+fsynced: a crash at any point leaves either the previous checkpoints or the new one, never a
+half-written file under a final name. Readers ignore temporary files and skip unreadable ones.
+
+A *checkpoint set* is every worker 0..N-1 at the same iteration; ``newest_complete`` finds the
+newest one, the iteration ``hopbus train --resume`` restarts every worker from. Pure file I/O:
+no Redis, no network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hopbus import __version__
+from hopbus.errors import UserError
+
+FORMAT = 1
+KEEP_MIN = 3  # checkpoints kept per worker at least: the newest, and two to fall back on
+_NAME = re.compile(r"^iter-(\d{8,})\.npz$")
+_TMP_SUFFIX = ".tmp"
+
+Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, unreadable, or of another model."""
+
+
+@dataclass
+class WorkerState:
+    """What a worker needs to continue from an iteration: see the module docstring."""
+
+    params: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    order: np.ndarray | None = None  # the minibatch stream's current permutation
+    stream: dict[str, Any] = field(default_factory=dict)  # its position and generator (JSON)
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint as read back: the state and its metadata."""
+
+    worker: int
+    iteration: int
+    run: str
+    state: WorkerState
+    meta: dict[str, Any]
+
+
+def layout_of(arrays: Mapping[str, np.ndarray]) -> Layout:
+    """(name, dtype, shape) of every array, in order: what a checkpoint must match to load."""
+    return tuple((name, a.dtype.name, tuple(int(d) for d in a.shape)) for name, a in arrays.items())
+
+
+def worker_folder(folder: Path, worker: int) -> Path:
+    return Path(folder) / f"worker-{worker}"
+
+
+def path_of(folder: Path, worker: int, iteration: int) -> Path:
+    """Where worker ``worker``'s checkpoint of ``iteration`` lives."""
+    return worker_folder(folder, worker) / f"iter-{iteration:08d}.npz"
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: not every file system allows it)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save(
+    folder: Path,
+    worker: int,
+    iteration: int,
+    state: WorkerState,
+    *,
+    run: str,
+    model: str = "",
+) -> Path:
+    """Write worker ``worker``'s checkpoint of ``iteration`` atomically; returns its path.
+    Raises OSError (disk full, no permission) with nothing left under the final name, and
+    ValueError for an object array (it would need pickle to load)."""
+    final = path_of(folder, worker, iteration)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT,
+        "worker": worker,
+        "iteration": iteration,
+        "run": run,
+        "model": model,
+        "layout": [list(x) for x in layout_of(state.params)],
+        "hopbus": __version__,
+        "time": time.time(),
+        "stream": state.stream,
+    }
+    arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(meta))}
+    arrays.update({f"param/{k}": np.asarray(v) for k, v in state.params.items()})
+    arrays.update({f"opt/{k}": np.asarray(v) for k, v in state.optimizer.items()})
+    if state.order is not None:
+        arrays["data/order"] = np.asarray(state.order)
+    for name, a in arrays.items():
+        if a.dtype.hasobject:  # would need pickle to load back
+            raise ValueError(f"checkpoint array {name} has dtype object: not saved")
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=_TMP_SUFFIX, dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(final.parent)
+    return final
+
+
+def iterations(folder: Path, worker: int) -> list[int]:
+    """Iterations worker ``worker`` has a checkpoint file of (not checked), oldest first."""
+    try:
+        names = os.listdir(worker_folder(folder, worker))
+    except OSError:
+        return []
+    found = (_NAME.match(n) for n in names)
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def _read_meta(zf: zipfile.ZipFile) -> dict[str, Any]:
+    with zf.open("meta.npy") as fh:
+        raw = np.lib.format.read_array(fh, allow_pickle=False)
+    meta = json.loads(str(raw))
+    if not isinstance(meta, dict):
+        raise ValueError("metadata is not an object")
+    return meta
+
+
+def readable(folder: Path, worker: int, iteration: int) -> bool:
+    """Is that checkpoint complete and intact (every member's CRC checks, the metadata names
+    this worker and iteration)? A truncated or corrupt file is False, never an exception."""
+    try:
+        with zipfile.ZipFile(path_of(folder, worker, iteration)) as zf:
+            if zf.testzip() is not None:
+                return False
+            meta = _read_meta(zf)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return False
+    return meta.get("worker") == worker and meta.get("iteration") == iteration
+
+
+def newest_complete(folder: Path, workers: int) -> int | None:
+    """The largest iteration for which every worker 0..workers-1 has a readable checkpoint;
+    None if there is no such iteration. Unreadable files are skipped, not fatal."""
+    common: set[int] | None = None
+    for w in range(workers):
+        have = set(iterations(folder, w))
+        common = have if common is None else common & have
+        if not common:
+            return None
+    for k in sorted(common or (), reverse=True):
+        if all(readable(folder, w, k) for w in range(workers)):
+            return k
+    return None
+
+
+def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None) -> Checkpoint:
+    """Read worker ``worker``'s checkpoint of ``iteration``. With ``layout`` (the model's
+    parameters' names, dtypes and shapes), refuse a checkpoint of another model. Every problem
+    is one CheckpointError line naming the file."""
+    path = path_of(folder, worker, iteration)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint of worker {worker} at iteration {iteration}: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (truncated or corrupt): {exc}"
+        ) from None
+    if meta.get("worker") != worker or meta.get("iteration") != iteration:
+        raise CheckpointError(
+            f"checkpoint {path} holds worker {meta.get('worker')} at iteration "
+            f"{meta.get('iteration')}, not worker {worker} at {iteration}"
+        )
+    params = {k[len("param/") :]: v for k, v in arrays.items() if k.startswith("param/")}
+    stored = layout_of(params)
+    if layout is not None and stored != tuple(layout):
+        raise CheckpointError(
+            f"checkpoint {path} holds another model's parameters ({_brief(stored)}; this run's "
+            f"model has {_brief(tuple(layout))}): it cannot resume this run"
+        )
+    state = WorkerState(
+        params=params,
+        optimizer={k[len("opt/") :]: v for k, v in arrays.items() if k.startswith("opt/")},
+        order=arrays.get("data/order"),
+        stream=dict(meta.get("stream") or {}),
+    )
+    return Checkpoint(worker, iteration, str(meta.get("run", "")), state, meta)
+
+
+def _brief(layout: Layout) -> str:
+    shown = ", ".join(f"{n} {d}{list(s)}" for n, d, s in layout[:3])
+    return shown + (f" and {len(layout) - 3} more" if len(layout) > 3 else "")
+
+
+def run_of(folder: Path, worker: int, iteration: int) -> str:
+    """The run id a checkpoint was written by (from its metadata)."""
+    try:
+        with zipfile.ZipFile(path_of(folder, worker, iteration)) as zf:
+            return str(_read_meta(zf).get("run", ""))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        path = path_of(folder, worker, iteration)
+        raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from None
+
+
+def keep_for(gap_bound: float | None, every: int) -> int | None:
+    """How many checkpoints each worker keeps so that pruning never removes the newest
+    complete set: a worker may be up to ``gap_bound`` iterations (Table 1, any pair) ahead of
+    the slowest, i.e. ceil(gap_bound / every) + 1 checkpoints ahead of the newest common one,
+    plus one being written. None (keep all) when the gap is unbounded."""
+    if gap_bound is None or not np.isfinite(gap_bound):
+        return None
+    return max(KEEP_MIN, -(-int(gap_bound) // every) + 2)
+
+
+def prune(folder: Path, worker: int, keep: int | None) -> list[Path]:
+    """Remove all but worker ``worker``'s newest ``keep`` checkpoints (``None``: keep all) and
+    any temporary file a crash left behind. Returns what was removed."""
+    d = worker_folder(folder, worker)
+    gone = [d / n for n in _listdir(d) if n.startswith(".iter-") and n.endswith(_TMP_SUFFIX)]
+    if keep is not None:
+        gone += [path_of(folder, worker, k) for k in iterations(folder, worker)[:-keep]]
+    for path in gone:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return gone
+
+
+def discard_after(folder: Path, workers: Sequence[int], iteration: int) -> list[Path]:
+    """Remove the checkpoints newer than ``iteration``: after a resume from ``iteration`` they
+    belong to the abandoned timeline and must never join a set with the new one's."""
+    gone = [path_of(folder, w, k) for w in workers for k in iterations(folder, w) if k > iteration]
+    for path in gone:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return gone
+
+
+def _listdir(d: Path) -> list[str]:
+    try:
+        return os.listdir(d)
+    except OSError:
+        return []
+
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "WorkerState",
+    "discard_after",
+    "keep_for",
+    "layout_of",
+    "load",
+    "newest_complete",
+    "path_of",
+    "prune",
+    "readable",
+    "run_of",
+    "save",
+]

@@ -1,0 +1,81 @@
+"""redis-server killed and started again at the same address mid-run (empty: it keeps nothing
+on disk): the workers reconnect, put back their counters and rebuild their token queues from
+the invariant, and the run completes; with no Redis coming back, the run stops with one line
+and no process is left. Real processes, a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import redis
+
+from cluster import clean_env, processes_mentioning, train_args
+from hopbus.coord.broker import EmbeddedRedis
+from hopbus.coord.keys import RunKeys
+
+FLAGS = ["-n", "4", "--iterations", "200", "--iter-time", "0.02", "--timeout", "20"]
+FLAGS += ["--heartbeat", "3", "--eval-every", "0"]
+
+
+@pytest.fixture
+def broker():
+    server = EmbeddedRedis(port=0).start()
+    yield server
+    server.stop()
+
+
+def _wait_iteration(url: str, keys: RunKeys, at: int) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 120
+    try:
+        while int(client.get(keys.iter(0)) or 0) < at:
+            assert time.monotonic() < deadline, f"worker 0 never reached iteration {at}"
+            time.sleep(0.05)  # polling a counter the workers advance
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("mode", ["standard", "backup"])
+def test_a_restarted_redis_is_ridden_out(broker, tmp_path, mode):
+    args, run = train_args(broker.url, tmp_path / "run", *FLAGS, "--mode", mode)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    keys = RunKeys(run)
+    _wait_iteration(broker.url, keys, 50)
+    broker.proc.send_signal(signal.SIGKILL)  # everything the run had in Redis is gone
+    broker.proc.wait()
+    broker.restart()
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["final_accuracy"] >= 0.9
+    assert s["checks"]["token_invariant_violations"] == 0
+    assert s["violations"] == 0
+    assert all(w["iterations"] == 200 for w in s["per_worker"])
+    assert sum(w.get("broker_restores", 0) for w in s["per_worker"]) == 4
+    assert "Redis is back" in err
+    assert not processes_mentioning(run)
+
+
+def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path):
+    flags = [*FLAGS[:-4], "--timeout", "5", "--heartbeat", "3", "--eval-every", "0"]
+    args, run = train_args(broker.url, tmp_path / "run", *flags)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    _wait_iteration(broker.url, RunKeys(run), 30)
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait()
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert time.monotonic() - t0 < 60
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"hopbus: error: run {run}")
+    assert "lost Redis" in last and "Traceback" not in err
+    assert not processes_mentioning(run)

@@ -1,0 +1,171 @@
+"""A worker killed with SIGKILL mid-run, with real processes and a real redis-server.
+
+With backup workers the others go on without it (Sec. 3.4) and reach the accuracy bar; in
+standard mode the run stops, naming it, and no process is left behind. Both through ``hopbus
+train`` (whose launcher sees the process end) and through separately started ``hopbus worker``
+processes (as docker compose runs them: only the heartbeats tell).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from cluster import clean_env, processes_mentioning, train_args
+
+from hopbus.coord.keys import RunKeys
+from hopbus.runtime.progress import parse_entry
+
+N, VICTIM, KILL_AT = 8, 3, 40
+HEARTBEAT = 2.0
+FLAGS = ["-n", str(N), "--topology", "ring-based", "--iterations", "250", "--iter-time", "0.02"]
+FLAGS += ["--heartbeat", str(HEARTBEAT), "--timeout", "30", "--eval-every", "0"]
+
+
+def _hopbus(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hopbus", *args]
+
+
+def _wait_iteration(client: redis.Redis, keys: RunKeys, worker: int, at: int) -> None:
+    deadline = time.monotonic() + 120
+    while int(client.get(keys.iter(worker)) or 0) < at:
+        assert time.monotonic() < deadline, f"worker {worker} never reached iteration {at}"
+        time.sleep(0.05)  # polling a counter another process advances
+
+
+def _kill_worker(run: str, worker: int) -> float:
+    pids = processes_mentioning(f"--run {run} --id {worker}")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    return time.time()
+
+
+def _longest_stall(client: redis.Redis, keys: RunKeys, after: float) -> float:
+    """The longest time any live worker went without entering an iteration after ``after``
+    (its last iteration's end counts, so a worker that stopped for good shows up too)."""
+    last: dict[int, float] = {}
+    stall = 0.0
+    for _, fields in client.xrange(keys.progress):
+        rec = parse_entry(fields)
+        if rec.get("dead"):
+            continue
+        w, t = rec["worker"], rec["t"]
+        if t > after:
+            stall = max(stall, t - max(last.get(w, after), after))
+        last[w] = t
+    return stall
+
+
+def _start_run(
+    redis_url: str, tmp_path: Path, mode_flags: list[str]
+) -> tuple[subprocess.Popen, str]:
+    args, run = train_args(redis_url, tmp_path / "run", *FLAGS, *mode_flags)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    return proc, run
+
+
+def test_backup_mode_goes_on_without_a_killed_worker(redis_url, redis_client, tmp_path):
+    import json
+
+    proc, run = _start_run(redis_url, tmp_path, ["--mode", "backup", "--backup", "1"])
+    keys = RunKeys(run)
+    _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+    killed = _kill_worker(run, VICTIM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["failure"] is None
+    assert [w["worker"] for w in s["lost_workers"]] == [VICTIM]
+    assert s["lost_workers"][0]["iteration"] >= KILL_AT
+    survivors = [w for i, w in enumerate(s["per_worker"]) if i != VICTIM]
+    assert all(w["iterations"] == 250 for w in survivors)
+    assert min(w["final_accuracy"] for w in survivors) >= 0.9
+    assert s["violations"] == 0 and s["checks"]["token_invariant_violations"] == 0
+    assert f"worker {VICTIM} was killed by SIGKILL; the run goes on without it" in err
+    assert _longest_stall(redis_client, keys, killed) < HEARTBEAT
+    assert not processes_mentioning(run)
+
+
+def test_standard_mode_stops_and_names_the_killed_worker(redis_url, redis_client, tmp_path):
+    proc, run = _start_run(redis_url, tmp_path, ["--mode", "standard"])
+    keys = RunKeys(run)
+    _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+    killed = time.monotonic()
+    _kill_worker(run, VICTIM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert time.monotonic() - killed < 30  # --timeout
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"hopbus: error: run {run} failed: worker {VICTIM} was killed by SIGKILL;"
+    )
+    assert "--mode standard cannot go on without a worker" in last
+    assert "Traceback" not in err
+    assert redis_client.get(keys.stop) is not None
+    assert not processes_mentioning(run)
+
+
+def _start_workers(redis_url: str, mode_flags: list[str]) -> tuple[str, list[subprocess.Popen]]:
+    """``hopbus create`` and N ``hopbus worker`` processes: no launcher watches them."""
+    run = f"faults{os.getpid()}-{mode_flags[1]}"
+    env = clean_env()
+    create = _hopbus("create", "--run", run, "--redis", redis_url, *FLAGS, *mode_flags)
+    p = subprocess.run(create, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    procs = [
+        subprocess.Popen(
+            _hopbus("worker", "--run", run, "--id", str(i), "--redis", redis_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(N)
+    ]
+    return run, procs
+
+
+@pytest.mark.parametrize("mode", ["backup", "standard"])
+def test_without_a_launcher_the_heartbeats_tell(redis_url, redis_client, mode):
+    """Workers started on their own (compose): only the victim's expired heartbeat tells the
+    others. Backup: the others finish. Standard: every other worker exits 1 within the
+    heartbeat's life plus a look, saying the run stopped because of the victim."""
+    extra = ["--mode", mode] + (["--backup", "1"] if mode == "backup" else [])
+    run, procs = _start_workers(redis_url, extra)
+    keys = RunKeys(run)
+    try:
+        _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        procs[VICTIM].kill()
+        killed, t_kill = time.time(), time.monotonic()
+        outs = [p.communicate(timeout=120) for p in procs]
+        ended = time.monotonic() - t_kill
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    others = [
+        (p.returncode, err)
+        for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True))
+        if i != VICTIM
+    ]
+    if mode == "backup":
+        assert all(code == 0 for code, _ in others), others
+        assert _longest_stall(redis_client, keys, killed) < HEARTBEAT + 1.5  # TTL + a look
+        assert redis_client.smembers(keys.dead) == {str(VICTIM).encode()}
+    else:
+        assert ended < 30  # --timeout
+        for code, err in others:
+            assert code == 1, err
+            assert "Traceback" not in err
+            last = err.strip().splitlines()[-1]
+            assert f"worker {VICTIM}" in last and "heartbeat" in last, last
+        assert redis_client.get(keys.stop).decode() == f"worker {VICTIM} died (heartbeat gone)"
+    assert not processes_mentioning(run)

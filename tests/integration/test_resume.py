@@ -1,0 +1,110 @@
+"""Checkpoints for real: kill ``hopbus train`` mid-run with SIGKILL, then ``hopbus train
+--resume``. Real redis-server, real worker processes, real files; every wait polls a real
+condition against a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+from cluster import clean_env, processes_mentioning, train_args
+
+from hopbus.coord.keys import RunKeys
+from hopbus.runtime.checkpoint import iterations, newest_complete
+
+WORKERS = 4
+ITERATIONS = 150
+EVERY = 10
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)  # polling an observable condition, with a deadline
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _complete_lines(path) -> list[dict]:
+    """metrics.jsonl's whole lines (a SIGKILLed writer may leave half of one at the end)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_path):
+    out = tmp_path / "run"
+    flags = [
+        "-n", str(WORKERS), "--topology", "ring-based", "--mode", "backup", "--backup", "1",
+        "--iterations", str(ITERATIONS), "--checkpoint-every", str(EVERY), "--iter-time", "0.02",
+    ]  # fmt: skip
+    args, run = train_args(redis_url, out, *flags)
+    folder = out / "checkpoints"
+    with (tmp_path / "first.err").open("wb") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
+    try:
+        _wait_for(
+            lambda: (newest_complete(folder, WORKERS) or 0) >= 40 or proc.poll() is not None,
+            120,
+            "a complete checkpoint set of iteration 40",
+        )
+        assert proc.poll() is None, (tmp_path / "first.err").read_text()
+        os.kill(proc.pid, signal.SIGKILL)  # no handler, no cleanup: as a crash
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the workers die with their parent (PR_SET_PDEATHSIG): no orphan, and then no new file
+    _wait_for(lambda: not processes_mentioning(run), 15, "the workers to exit")
+    c = newest_complete(folder, WORKERS)
+    assert c is not None and c >= 40 and c % EVERY == 0 and c < ITERATIONS
+    before = _complete_lines(out / "metrics.jsonl")
+    assert not (out / "summary.json").exists()
+    assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"running"
+
+    p = subprocess.run(
+        [sys.executable, "-m", "hopbus", "train", "--resume", str(out), "--redis", redis_url],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=240,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    assert (
+        f"hopbus: resuming run {run} from iteration {c} (checkpoint set of {WORKERS} workers)"
+        in p.stderr
+    )
+    s = json.loads((out / "summary.json").read_text())
+    assert s["finished"] and s["failure"] is None
+    assert s["resumed_from"] == c
+    assert s["config"]["checkpoint_every"] == EVERY
+    per_worker = [w["final_accuracy"] for w in s["per_worker"]]
+    assert s["final_accuracy"] >= 0.90, per_worker  # test_train.py's bar
+    assert min(per_worker) >= 0.85
+    assert s["iterations"]["min"] == s["iterations"]["max"] == ITERATIONS
+    assert s["violations"] == 0, s["first_violation"]
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+
+    # metrics.jsonl kept the first part and grew by the resumed one, which starts at c + 1
+    after = _complete_lines(out / "metrics.jsonl")
+    assert after[: len(before)] == before
+    resumed = after[len(before) :]
+    assert len(resumed) == WORKERS * (ITERATIONS - c)
+    for w in range(WORKERS):
+        mine = [e["iter"] for e in resumed if e["worker"] == w]
+        assert mine == list(range(c + 1, ITERATIONS + 1)), w
+    # the resumed run went on writing checkpoints after c; none from the killed run beyond c
+    # joins them (they were discarded), and disk use stays bounded
+    for w in range(WORKERS):
+        kept = iterations(folder, w)
+        assert kept and kept[-1] == ITERATIONS - EVERY and len(kept) <= 3, kept
+    assert not processes_mentioning(run)
+    meta = redis.Redis.from_url(redis_url).hgetall(RunKeys(run).meta)
+    assert meta[b"status"] == b"finished" and meta[b"resumed_from"] == str(c).encode()

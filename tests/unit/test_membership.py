@@ -1,0 +1,91 @@
+"""The rules for going on without dead workers (protocol/membership.py) and the gap monitor's
+view of them."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hopbus.gaps import GapMonitor
+from hopbus.modes import Mode
+from hopbus.protocol.membership import bounds_without, live, survivable
+from hopbus.protocol.spec import ProtocolSettings
+from hopbus.topology import Topology
+
+
+def _topo(name: str = "ring-based", n: int = 8) -> Topology:
+    return Topology.named(name, n)
+
+
+def test_standard_and_staleness_cannot_lose_anyone():
+    topo = _topo()
+    for mode in (Mode.STANDARD, Mode.NOTIFY_ACK, Mode.STALENESS):
+        reason = survivable(ProtocolSettings(mode=mode), topo, {3})
+        assert reason is not None and f"--mode {mode} cannot go on" in reason
+    assert survivable(ProtocolSettings(mode=Mode.STANDARD), topo, set()) is None
+
+
+@given(st.sets(st.integers(0, 7), max_size=7), st.integers(0, 2))
+def test_backup_tolerates_up_to_backup_dead_in_neighbours(dead, backup):
+    topo = _topo()
+    backup = min(backup, min(topo.in_degree(i) for i in range(topo.n)) - 1)
+    for mode in (Mode.BACKUP, Mode.HYBRID):
+        s = ProtocolSettings(mode=mode, backup=backup)
+        worst = max(
+            (len(dead & set(topo.in_peers[i])) for i in range(topo.n) if i not in dead),
+            default=0,
+        )
+        assert (survivable(s, topo, dead) is None) == (worst <= backup)
+
+
+def test_the_reason_names_the_worker_that_lost_too_many():
+    topo = _topo()
+    s = ProtocolSettings(mode=Mode.BACKUP, backup=1)
+    i = 0
+    two = set(topo.in_peers[i][:2])
+    reason = survivable(s, topo, two)
+    assert reason is not None and "lost 2 in-neighbours" in reason and "--backup 1" in reason
+
+
+def test_live_keeps_order():
+    assert live((5, 1, 3, 2), {1, 2}) == (5, 3)
+
+
+def test_bounds_without_measures_paths_in_the_graph_that_is_left():
+    topo = _topo("ring", 6)  # 0 -> 1 -> ... -> 5 -> 0 and back
+    setting = ProtocolSettings(mode=Mode.BACKUP, max_ig=2).gap_setting
+    full = topo.bounds(setting)
+    b = bounds_without(topo, setting, {3})
+    assert np.isinf(b[3]).sum() == 5 and np.isinf(b[:, 3]).sum() == 5
+    # 2 -> 4 went through 3 (two hops); now it goes the other way round (four hops)
+    assert full[2, 4] == 2 * 2 and b[2, 4] == 2 * 4
+    assert (b[np.ix_([0, 1], [0, 1])] == full[np.ix_([0, 1], [0, 1])]).all()
+
+
+def test_a_dead_worker_counts_for_no_gap():
+    topo = _topo("ring", 4)
+    setting = ProtocolSettings(mode=Mode.BACKUP, max_ig=1).gap_setting
+    m = GapMonitor(topo, setting)
+    m.remove(2, bounds_without(topo, setting, {2}))
+    for k in range(1, 6):  # the others run on; worker 2 stays at 0
+        for w in (0, 1, 3):
+            m.enter(w, k)
+    assert m.violations == 0 and m.max_any == 1 and m.gone == {2}  # not 5: 2 left out
+    m.rejoin(2, 5, topo.bounds(setting))
+    m.enter(2, 6)
+    assert m.violations == 0 and m.max_any == 1
+
+
+def test_removing_a_worker_that_is_behind_clears_its_violation():
+    topo = _topo("ring", 4)
+    setting = ProtocolSettings(mode=Mode.STANDARD, max_ig=1).gap_setting
+    m = GapMonitor(topo, setting)
+    m.enter(0, 1)
+    m.enter(0, 2)  # 2 ahead of its neighbours: over the bound
+    before = m.violations
+    assert before > 0
+    for w in (1, 2, 3):
+        m.remove(w, bounds_without(topo, setting, {1, 2, 3} & set(range(w + 1))))
+    m.enter(0, 3)
+    assert m.violations == before  # nothing left to be over against
