@@ -12,8 +12,8 @@ import time
 
 import pytest
 import redis
-
 from cluster import clean_env, processes_mentioning, train_args
+
 from hopbus.coord.broker import EmbeddedRedis
 from hopbus.coord.keys import RunKeys
 
