@@ -96,8 +96,8 @@ Resume = Annotated[
         "--resume",
         help="Continue run RUN (its results folder, or a run id meaning runs/RUN) from its "
         "newest complete checkpoint set (--checkpoint-every), with the settings in its "
-        "config.toml: every worker restarts in that iteration. Only --redis, --timeout and "
-        "--json go with it.",
+        "config.toml: every worker restarts in that iteration. Only --redis, --timeout, "
+        "--curve (a --curve run's keys) and --json go with it.",
         metavar="RUN",
         show_default=False,
         rich_help_panel=o.PANEL_CLUSTER,
@@ -171,7 +171,7 @@ def train_cmd(
 
     if resume is not None:
         other = {**given, "config": config, "run": run, "out": out}
-        _resume_cmd(resume, other, redis=redis, timeout=timeout, as_json=as_json)
+        _resume_cmd(resume, other, redis=redis, timeout=timeout, as_json=as_json, curve=curve_dir)
         return
     cfg = o.resolve(config, _with_curve(given, curve_dir), TrainConfig)
     assert isinstance(cfg, TrainConfig)
@@ -185,21 +185,29 @@ def train_cmd(
 
 
 def _resume_cmd(
-    target: str, other: dict[str, Any], *, redis: str | None, timeout: float | None, as_json: bool
+    target: str,
+    other: dict[str, Any],
+    *,
+    redis: str | None,
+    timeout: float | None,
+    as_json: bool,
+    curve: Path | None = None,
 ) -> None:
-    """``hopbus train --resume RUN``: the run's own settings, so no other run flag."""
+    """``hopbus train --resume RUN``: the run's own settings, so no other run flag (but the
+    key folder of a --curve run, which its config.toml records as curve = true only)."""
     from hopbus.cli.live import Display
     from hopbus.config import flag_of
     from hopbus.errors import ConfigError
-    from hopbus.runtime.launcher import plan_resume, resume
+    from hopbus.runtime.launcher import check_curve, plan_resume, resume
 
     extra = [flag_of(k) for k, v in other.items() if v is not None and k != "timeout"]
     if extra:
         raise ConfigError(
             f"--resume continues a run with the settings in its config.toml: leave out "
-            f"{', '.join(extra)} (only --redis, --timeout and --json go with it)"
+            f"{', '.join(extra)} (only --redis, --timeout, --curve and --json go with it)"
         )
     plan = plan_resume(target, timeout=timeout)
+    check_curve(plan.cfg, curve)  # before saying it resumes
     err = Console(stderr=True)
     err.print(
         f"hopbus: resuming run {plan.run} from iteration {plan.at} (checkpoint set of "
@@ -208,7 +216,7 @@ def _resume_cmd(
         soft_wrap=True,
     )
     with Display(err) as display:
-        launcher, outcome = resume(plan, redis_url=redis, on_update=display.update)
+        launcher, outcome = resume(plan, redis_url=redis, on_update=display.update, curve=curve)
     _report(launcher, outcome, as_json)
 
 

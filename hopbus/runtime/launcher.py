@@ -685,11 +685,13 @@ def resume(
     *,
     redis_url: str | None,
     on_update: Callable[[Launcher], None] | None = None,
+    curve: Path | None = None,
 ) -> tuple[Launcher, Outcome]:
     """``hopbus train --resume``: the run again, under the same id and folder, every worker
     starting from its checkpoint of ``plan.at``; metrics.jsonl grows, summary.json is
-    replaced (with ``resumed_from``). The results folder is reused on purpose."""
-    cfg, topo, specs = _checked(plan.cfg)
+    replaced (with ``resumed_from``). The results folder is reused on purpose. ``curve``:
+    the key folder of a run with curve = true."""
+    cfg, topo, specs = _checked(plan.cfg, curve)
     if redis_url is not None:
         check_url(redis_url)
     launcher = Launcher(
@@ -701,6 +703,7 @@ def resume(
         redis_url=redis_url,
         on_update=on_update,
         resume_from=plan.at,
+        curve=curve,
     )
     return launcher, _finish(launcher)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,15 +91,16 @@ def generate(folder: Path) -> list[Path]:
             os.chmod(secret, 0o600)
             os.chmod(public, 0o644)
         for target in targets:
-            os.link(staging / target.name, target)  # FileExistsError if one appeared since
+            _place(staging / target.name, target)  # FileExistsError if one appeared since
             written.append(target)
     except FileExistsError as exc:
         for path in written:  # a half set is worse than none
             with contextlib.suppress(OSError):
                 path.unlink()
         raise ConfigError(
-            f"{str(folder)!r}: {Path(str(exc.filename)).name} appeared while the keys were "
-            "being written (another hopbus keys generate?): refusing to overwrite it"
+            f"{str(folder)!r}: {Path(str(exc.filename2 or exc.filename)).name} appeared while "
+            "the keys were being written (another hopbus keys generate?): refusing to "
+            "overwrite it"
         ) from None
     except OSError as exc:
         for path in written:
@@ -108,6 +110,20 @@ def generate(folder: Path) -> list[Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def _place(made: Path, target: Path) -> None:
+    """Put the file ``made`` at ``target``, never replacing one: a hard link, or, where the
+    filesystem has none (some network and FUSE mounts), an exclusive create with its mode."""
+    try:
+        os.link(made, target)
+    except FileExistsError:
+        raise
+    except OSError:
+        mode = stat.S_IMODE(made.stat().st_mode)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(made.read_bytes())
 
 
 def _read(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:

@@ -43,6 +43,9 @@ DRAIN_BATCH = 64  # messages taken per wake-up before checking for close() again
 UNAUTHENTICATED = "unauthenticated"
 """A CURVE inbox's extra drop reason: a connection refused at its handshake (no keys, or not
 the run's). Counted per refused handshake, not per frame."""
+CURVE_FRAME_OVERHEAD = 64
+"""Bytes CURVE adds to a frame on the wire, rounded up: a MESSAGE command is its name (8),
+a nonce (8), a flags byte and the 16-byte MAC around the payload (33 in libzmq 4.3)."""
 REFUSED_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 """Monitor events of a refused peer: ZAP said no (a wrong client key), or the handshake
 itself failed (a peer without CURVE, or one that does not know the server key)."""
@@ -101,7 +104,9 @@ class Inbox:
         sock.setsockopt(zmq.RCVHWM, hwm)
         # libzmq checks each frame against this before allocating it and disconnects the peer
         # that exceeds it: the largest frame a valid message has (header bound or biggest tensor)
-        sock.setsockopt(zmq.MAXMSGSIZE, validator.max_frame_bytes)
+        # plus, with CURVE, what encryption adds to it on the wire (it checks the boxed frame)
+        slack = CURVE_FRAME_OVERHEAD if curve is not None else 0
+        sock.setsockopt(zmq.MAXMSGSIZE, validator.max_frame_bytes + slack)
         self._sock = sock
         try:
             if curve is not None:

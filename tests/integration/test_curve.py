@@ -141,6 +141,26 @@ def test_only_the_runs_keys_reach_a_curve_inbox(ctx, keys):
         inbox.close()
 
 
+def test_the_largest_valid_frame_still_fits_once_encrypted(ctx, keys):
+    """The inbox's ZMQ_MAXMSGSIZE is the largest valid frame; libzmq checks it against the
+    encrypted frame, which is a few bytes longer: without room for them, a model whose
+    biggest tensor is that frame could never be received under CURVE."""
+    big = {"w": np.ones((512, 512), np.float32)}  # 1 MiB: the largest frame of this layout
+    got = Collector()
+    v = Validator(RUN, N, [1], (), layout_of(big), max_iteration=10)
+    assert v.max_frame_bytes == big["w"].nbytes
+    inbox = Inbox(ctx, LOCAL, v, got, hwm=8, curve=keys)
+    inbox.start()
+    out = Outbox(ctx, {0: inbox.endpoint}, hwm=8, send_timeout_s=5, curve=keys)
+    try:
+        out.send([0], encode_update(RUN, 1, 3, big))
+        got.wait_for(lambda ms: len(ms) == 1)
+        np.testing.assert_array_equal(got.messages[0].payload["w"], big["w"])
+    finally:
+        out.close(0)
+        inbox.close()
+
+
 def test_inboxes_sharing_a_context_each_admit_their_own_key_set(ctx, keys, tmp_path):
     generate(tmp_path / "other")
     other = CurveKeys.load(tmp_path / "other")
@@ -368,3 +388,26 @@ def test_curve_flags_refuse_bad_input_in_one_line(redis_url, keys, tmp_path):
     for secret in (fresh.server_secret, fresh.client_secret):
         assert secret.decode() not in p.stdout + p.stderr
     assert "client.key_secret" in p.stdout
+
+
+def test_resuming_a_curve_run_takes_its_keys_again(redis_url, keys, tmp_path):
+    """config.toml records curve = true and no keys: --resume needs --curve DIR again."""
+    out = tmp_path / "run"
+    args, _ = train_args(
+        redis_url, out, "-n", "3", "-k", "30", "--checkpoint-every", "10",
+        "--curve", str(keys.folder),
+    )  # fmt: skip
+    first = subprocess.run(
+        args, capture_output=True, text=True, env=clean_env(), timeout=120, check=False
+    )
+    assert first.returncode == 0, first.stderr
+    assert "curve = true" in (out / "config.toml").read_text()
+    line = one_error_line(hopbus("train", "--resume", str(out), "--redis", redis_url))
+    assert "requires CURVE" in line and "--curve DIR" in line
+    again = hopbus(
+        "train", "--resume", str(out), "--redis", redis_url, "--json",
+        HOPBUS_CURVE=str(keys.folder),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    s = json.loads(again.stdout)
+    assert s["finished"] and s["resumed_from"] >= 10 and s["config"]["curve"] is True

@@ -3,6 +3,7 @@ shown: no secret in a file's permissions for others, an error message or a repr.
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 from pathlib import Path
@@ -116,3 +117,20 @@ def test_load_of_an_unreadable_file_is_one_line(tmp_path):
     (tmp_path / "client.key_secret").mkdir()
     with pytest.raises(ConfigError, match=r"client\.key_secret is not a file"):
         CurveKeys.load(tmp_path)
+
+
+def test_generate_on_a_filesystem_without_hard_links(tmp_path, monkeypatch):
+    """Some network and FUSE mounts refuse link(2): the files are then created exclusively,
+    with the same modes."""
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    written = generate(tmp_path / "k")
+    for p in written:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode == (0o600 if p.name.endswith("_secret") else 0o644), (p.name, oct(mode))
+    assert CurveKeys.load(tmp_path / "k").allowed_clients
+    with pytest.raises(ConfigError, match="refusing to overwrite"):
+        generate(tmp_path / "k")
