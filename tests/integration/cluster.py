@@ -3,6 +3,7 @@ redis-server, each run under its own id and folder."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -67,3 +68,55 @@ def env_without(package: str, folder: Path) -> dict[str, str]:
         "sys.meta_path.insert(0, Hide())\n"
     )
     return clean_env(PYTHONPATH=str(folder))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """``predicate()``'s first truthy value, polled until ``timeout`` seconds have passed (an
+    observable condition another process brings about), or AssertionError naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)  # polling an observable condition, with a deadline
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_iteration(client, keys, worker: int, at: int, timeout: float = 120) -> None:
+    """Until worker ``worker``'s iteration counter in Redis reaches ``at``."""
+    wait_for(
+        lambda: int(client.get(keys.iter(worker)) or 0) >= at,
+        timeout,
+        f"worker {worker} to reach iteration {at}",
+    )
+
+
+@contextlib.contextmanager
+def acl_broker(folder: Path, password: str):
+    """redis-server with the broker's own config and ACL file (the password replaced, the port
+    and bind address the test's), as the compose redis service runs it: the hopbus user alone
+    may log in. Yields (port, url of the hopbus user)."""
+    from hopbus.coord.broker import EmbeddedRedis, free_port
+    from hopbus.coord.client import connect
+
+    root = Path(__file__).resolve().parents[2]
+    acl = (root / "broker" / "users.acl").read_text()
+    assert ">change-me" in acl
+    (folder / "users.acl").write_text(acl.replace(">change-me", f">{password}"))
+    port = free_port()
+    args = [
+        EmbeddedRedis().binary,
+        str(root / "broker" / "redis.conf"),
+        *("--aclfile", str(folder / "users.acl"), "--port", str(port), "--bind", "127.0.0.1"),
+        *("--dir", str(folder)),
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://hopbus:{password}@127.0.0.1:{port}/0"
+    try:
+        connect(url, timeout=15).close()  # retries until the server answers
+        yield port, url
+    finally:
+        proc.terminate()
+        proc.wait(10)

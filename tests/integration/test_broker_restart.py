@@ -12,7 +12,7 @@ import time
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train_args
+from cluster import clean_env, processes_mentioning, train_args, wait_iteration
 
 from hopbus.coord.broker import EmbeddedRedis
 from hopbus.coord.keys import RunKeys
@@ -28,17 +28,6 @@ def broker():
     server.stop()
 
 
-def _wait_iteration(url: str, keys: RunKeys, at: int) -> None:
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 120
-    try:
-        while int(client.get(keys.iter(0)) or 0) < at:
-            assert time.monotonic() < deadline, f"worker 0 never reached iteration {at}"
-            time.sleep(0.05)  # polling a counter the workers advance
-    finally:
-        client.close()
-
-
 @pytest.mark.parametrize("mode", ["standard", "backup"])
 def test_a_restarted_redis_is_ridden_out(broker, tmp_path, mode):
     args, run = train_args(broker.url, tmp_path / "run", *FLAGS, "--mode", mode)
@@ -46,7 +35,8 @@ def test_a_restarted_redis_is_ridden_out(broker, tmp_path, mode):
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
     keys = RunKeys(run)
-    _wait_iteration(broker.url, keys, 50)
+    with redis.Redis.from_url(broker.url) as client:
+        wait_iteration(client, keys, 0, 50)
     broker.proc.send_signal(signal.SIGKILL)  # everything the run had in Redis is gone
     broker.proc.wait()
     broker.restart()
@@ -68,7 +58,8 @@ def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path):
     proc = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
-    _wait_iteration(broker.url, RunKeys(run), 30)
+    with redis.Redis.from_url(broker.url) as client:
+        wait_iteration(client, RunKeys(run), 0, 30)
     broker.proc.send_signal(signal.SIGKILL)
     broker.proc.wait()
     t0 = time.monotonic()

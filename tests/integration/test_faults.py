@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train_args
+from cluster import clean_env, processes_mentioning, train_args, wait_iteration
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.progress import parse_entry
@@ -30,13 +30,6 @@ FLAGS += ["--heartbeat", str(HEARTBEAT), "--timeout", "30", "--eval-every", "0"]
 
 def _hopbus(*args: str) -> list[str]:
     return [sys.executable, "-m", "hopbus", *args]
-
-
-def _wait_iteration(client: redis.Redis, keys: RunKeys, worker: int, at: int) -> None:
-    deadline = time.monotonic() + 120
-    while int(client.get(keys.iter(worker)) or 0) < at:
-        assert time.monotonic() < deadline, f"worker {worker} never reached iteration {at}"
-        time.sleep(0.05)  # polling a counter another process advances
 
 
 def _kill_worker(run: str, worker: int) -> float:
@@ -77,7 +70,7 @@ def test_backup_mode_goes_on_without_a_killed_worker(redis_url, redis_client, tm
 
     proc, run = _start_run(redis_url, tmp_path, ["--mode", "backup", "--backup", "1"])
     keys = RunKeys(run)
-    _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+    wait_iteration(redis_client, keys, VICTIM, KILL_AT)
     killed = _kill_worker(run, VICTIM)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
@@ -97,7 +90,7 @@ def test_backup_mode_goes_on_without_a_killed_worker(redis_url, redis_client, tm
 def test_standard_mode_stops_and_names_the_killed_worker(redis_url, redis_client, tmp_path):
     proc, run = _start_run(redis_url, tmp_path, ["--mode", "standard"])
     keys = RunKeys(run)
-    _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+    wait_iteration(redis_client, keys, VICTIM, KILL_AT)
     killed = time.monotonic()
     _kill_worker(run, VICTIM)
     _, err = proc.communicate(timeout=60)
@@ -142,7 +135,7 @@ def test_without_a_launcher_the_heartbeats_tell(redis_url, redis_client, mode):
     run, procs = _start_workers(redis_url, extra)
     keys = RunKeys(run)
     try:
-        _wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        wait_iteration(redis_client, keys, VICTIM, KILL_AT)
         procs[VICTIM].kill()
         killed, t_kill = time.time(), time.monotonic()
         outs = [p.communicate(timeout=120) for p in procs]

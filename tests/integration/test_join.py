@@ -8,15 +8,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import redis
+from cluster import acl_broker
 
-from hopbus.coord.broker import EmbeddedRedis, free_port
 from hopbus.coord.keys import RunKeys
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "t3st-pa55"
 
 
@@ -30,29 +28,9 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    """redis-server with the broker's own config and ACL file (the password replaced, the
-    port and bind address the test's), as the compose redis service runs it."""
-    d = tmp_path_factory.mktemp("broker")
-    acl = (ROOT / "broker" / "users.acl").read_text()
-    assert ">change-me" in acl
-    (d / "users.acl").write_text(acl.replace(">change-me", f">{PASSWORD}"))
-    port = free_port()
-    args = [
-        EmbeddedRedis().binary,
-        str(ROOT / "broker" / "redis.conf"),
-        *("--aclfile", str(d / "users.acl"), "--port", str(port), "--bind", "127.0.0.1"),
-        *("--dir", str(d)),
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://hopbus:{PASSWORD}@127.0.0.1:{port}/0"
-    from hopbus.coord.client import connect
-
-    try:
-        connect(url, timeout=15).close()  # retries until the server answers
-        yield port, url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    """redis-server with broker/redis.conf and broker/users.acl (cluster.acl_broker)."""
+    with acl_broker(tmp_path_factory.mktemp("broker"), PASSWORD) as got:
+        yield got
 
 
 def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):

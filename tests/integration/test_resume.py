@@ -9,10 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import redis
-from cluster import clean_env, processes_mentioning, train_args
+from cluster import clean_env, processes_mentioning, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
@@ -20,16 +19,6 @@ from hopbus.runtime.checkpoint import iterations, newest_complete
 WORKERS = 4
 ITERATIONS = 150
 EVERY = 10
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)  # polling an observable condition, with a deadline
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _complete_lines(path) -> list[dict]:
@@ -49,7 +38,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     with (tmp_path / "first.err").open("wb") as err:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
     try:
-        _wait_for(
+        wait_for(
             lambda: (newest_complete(folder, WORKERS) or 0) >= 40 or proc.poll() is not None,
             120,
             "a complete checkpoint set of iteration 40",
@@ -61,7 +50,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
         if proc.poll() is None:
             proc.kill()
     # the workers die with their parent (PR_SET_PDEATHSIG): no orphan, and then no new file
-    _wait_for(lambda: not processes_mentioning(run), 15, "the workers to exit")
+    wait_for(lambda: not processes_mentioning(run), 15, "the workers to exit")
     c = newest_complete(folder, WORKERS)
     assert c is not None and c >= 40 and c % EVERY == 0 and c < ITERATIONS
     before = _complete_lines(out / "metrics.jsonl")

@@ -20,39 +20,19 @@ from pathlib import Path
 import pytest
 import redis
 import zmq
-from cluster import clean_env, train_args
+from cluster import acl_broker, clean_env, train_args
 
-from hopbus.coord.broker import EmbeddedRedis, free_port
-from hopbus.coord.client import connect
 from hopbus.coord.keys import RunKeys
 from hopbus.transport.curve import generate
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "S3cretPW-not-for-logs"
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> Iterator[tuple[int, str]]:
-    """redis-server with the broker's config and ACL file, the password replaced (as
-    tests/integration/test_join.py starts it): the hopbus user alone may log in."""
-    d = tmp_path_factory.mktemp("broker")
-    acl = (ROOT / "broker" / "users.acl").read_text()
-    (d / "users.acl").write_text(acl.replace(">change-me", f">{PASSWORD}"))
-    port = free_port()
-    args = [
-        EmbeddedRedis().binary,
-        str(ROOT / "broker" / "redis.conf"),
-        *("--aclfile", str(d / "users.acl"), "--port", str(port), "--bind", "127.0.0.1"),
-        *("--dir", str(d)),
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://hopbus:{PASSWORD}@127.0.0.1:{port}/0"
-    try:
-        connect(url, timeout=15).close()  # retries until the server answers
-        yield port, url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def broker(tmp_path_factory):
+    """redis-server with broker/redis.conf and broker/users.acl (cluster.acl_broker)."""
+    with acl_broker(tmp_path_factory.mktemp("broker"), PASSWORD) as got:
+        yield got
 
 
 def run(args: list[str], **env: str) -> subprocess.CompletedProcess:

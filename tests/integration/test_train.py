@@ -13,7 +13,7 @@ import time
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train, train_args
+from cluster import clean_env, processes_mentioning, train, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 
@@ -76,22 +76,12 @@ def test_default_path_embedded_redis(tmp_path):
     assert not processes_mentioning(run_dir.name)
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)  # polling an observable condition, with a deadline
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_ctrl_c_stops_everything(redis_url, tmp_path):
     args, run = train_args(redis_url, tmp_path / "run", "-n", "4", "--iterations", "100000")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
-    _wait_for(lambda: client.xlen(keys.progress) > 20, 60, "training to start")
+    wait_for(lambda: client.xlen(keys.progress) > 20, 60, "training to start")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
