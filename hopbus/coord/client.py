@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis
@@ -60,6 +61,20 @@ def check_url(url: str) -> None:
         ) from None
 
 
+def attempts(timeout: float) -> Iterator[None]:
+    """One step per attempt at something that may come back (a broker starting or
+    restarting): the first at once, then after waits of 50 ms doubling to 1 s, ending once
+    the next wait would end more than ``timeout`` seconds after the first attempt."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        yield
+        if time.monotonic() + delay > deadline:
+            return
+        time.sleep(delay)  # backoff between attempts
+        delay = min(delay * 2, 1.0)
+
+
 def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
     """A client for ``url`` that has answered PING, retrying with backoff for up to ``timeout``
     seconds (the broker may still be starting, e.g. in docker compose)."""
@@ -70,9 +85,8 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
         )
     except (ValueError, redis.RedisError) as exc:  # a bad query parameter, e.g. ssl_cert_reqs
         raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
+    last: BaseException | None = None
+    for _ in attempts(timeout):
         try:
             client.ping()
             return client
@@ -87,11 +101,9 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
                 f"{redact(url)} does not answer as Redis ({exc}): check the host and port"
             ) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if time.monotonic() + delay > deadline:
-                raise BrokerUnreachableError(
-                    f"cannot reach Redis at {redact(url)} within {timeout:g} s: {exc}"
-                ) from None
-            time.sleep(delay)  # backoff between connection attempts
-            delay = min(delay * 2, 1.0)
+            last = exc
         except redis.RedisError as exc:  # e.g. a TLS query parameter redis-py refuses
             raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None
+    raise BrokerUnreachableError(
+        f"cannot reach Redis at {redact(url)} within {timeout:g} s: {last}"
+    ) from None

@@ -27,7 +27,7 @@ import redis
 from hopbus import __version__
 from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
-from hopbus.coord.client import check_url, connect, redact
+from hopbus.coord.client import attempts, check_url, connect, redact
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError, clean_run, create_run, restore_run, set_status
 from hopbus.data import load_dataset
@@ -392,9 +392,7 @@ class Launcher:
         record is put back if it was lost (the workers put back their own state). Returns the
         failure if it does not come back or a worker fails meanwhile."""
         self.notes.append(f"lost Redis at {redact(self.url)} ({exc}); waiting for it")
-        deadline = time.monotonic() + self.cfg.timeout
-        delay = 0.05
-        while True:
+        for _ in attempts(self.cfg.timeout):
             if self.broker is not None and self.broker.died:
                 with contextlib.suppress(Exception):
                     self.broker.restart()
@@ -405,13 +403,11 @@ class Launcher:
                 _, failure = self._poll()
                 if failure is not None:
                     return failure
-                if time.monotonic() + delay > deadline:
-                    return (
-                        f"lost Redis at {redact(self.url)} and it did not come back within "
-                        f"{self.cfg.timeout:g} s"
-                    )
-                time.sleep(delay)  # backoff between reconnection attempts
-                delay = min(delay * 2, 1.0)
+        else:
+            return (
+                f"lost Redis at {redact(self.url)} and it did not come back within "
+                f"{self.cfg.timeout:g} s"
+            )
         if not self.r.exists(self.keys.meta):
             restore_run(self.r, self.keys, self.cfg.public(), __version__)
         self.notes.append("Redis is back; the workers put back their state")

@@ -26,7 +26,7 @@ import redis
 import zmq
 
 from hopbus.config import TrainConfig, make_config
-from hopbus.coord.client import connect
+from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import load_config
@@ -281,22 +281,18 @@ class Node:
         --timeout with one line. What it lost is the caller's business."""
         assert self.r is not None
         log(f"{self.who} lost Redis ({exc}); reconnecting for up to {self.timeout:g} s")
-        deadline = time.monotonic() + self.timeout
-        delay = 0.05
-        while True:
+        last: BaseException = exc
+        for _ in attempts(self.timeout):
             try:
                 self.r.ping()
                 log(f"{self.who} reached Redis again")
                 return
             except (redis.ConnectionError, redis.TimeoutError) as again:
-                if time.monotonic() + delay > deadline:
-                    raise RunFailure(
-                        f"{self.who} lost Redis and it did not come back within "
-                        f"{self.timeout:g} s ({again}); resume from a checkpoint: hopbus train "
-                        "--resume RUN"
-                    ) from None
-                time.sleep(delay)  # backoff between reconnection attempts
-                delay = min(delay * 2, 1.0)
+                last = again
+        raise RunFailure(
+            f"{self.who} lost Redis and it did not come back within {self.timeout:g} s "
+            f"({last}); resume from a checkpoint: hopbus train --resume RUN"
+        ) from None
 
     def _check_alive(self, peers: Sequence[int], what: str) -> bool:
         """Whether some of ``peers`` lost their heartbeat and the node goes on without them

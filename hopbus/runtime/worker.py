@@ -214,9 +214,8 @@ class Worker(Node):
         """Neighbours ``dead`` lost their heartbeat while this worker waited for ``what``:
         declare them dead and go on without them if the protocol can (membership.survivable);
         otherwise stop the whole run, naming them. Right after a restarted Redis, a peer that
-        has not put its state back yet is not dead: wait for it (up to --timeout)."""
-        if not self.r.exists(self.keys.iter(self.worker)):
-            raise StateLostError("Redis lost this worker's counter")
+        has not put its state back yet is not dead: wait for it (up to --timeout). (Whether
+        Redis lost this worker's own counter was checked just before, by _check_threads.)"""
         declared = [j for j in dead if self.control.declare_dead(j)]
         if not declared and time.monotonic() < self._grace_until:
             return False
