@@ -37,3 +37,15 @@ class RunFailure(UserError):  # noqa: N818 (a failure the user is told about, no
 class RunStopped(RunFailure):
     """Another node stopped the run (e.g. a neighbour died and the mode cannot do without it):
     this node had nothing wrong with it and exits with status 1 after saying why."""
+
+
+class RejoinFailed(RunFailure):
+    """A replacement (``hopbus worker --rejoin``) could not come into the run. The run goes on
+    without it, so its failure is not reported to the run; the exit status is 1."""
+
+
+class DeclaredDead(RunFailure):
+    """This worker was declared dead (its heartbeat lapsed: the process was stopped, starved of
+    CPU or cut off from Redis for longer than --heartbeat) and the run went on without it. It
+    leaves rather than come back as a stranger to token queues that no longer count it; a
+    replacement (``hopbus worker --rejoin``) brings it back. Not reported to the run."""

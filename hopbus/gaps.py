@@ -44,6 +44,9 @@ class GapMonitor:
         ]
         self._neighbours = list(self._all_neighbours)
         self.gone: set[int] = set()  # dead workers: no longer counted (see membership)
+        # After a broker restart the stream may have lost entries: positions are caught up
+        # from the workers' restore entries, and nothing is judged until ``end_resync``.
+        self.resyncing = False
         self._vec = np.zeros(n, dtype=np.int32)
         self._it = [0] * n
         self._count: dict[int, int] = {0: n}  # iteration -> how many workers are in it
@@ -71,6 +74,8 @@ class GapMonitor:
             while m not in count:
                 m += 1
             self._min = m
+        if self.resyncing:
+            return
         lead = iteration - self._min
         self.max_any = max(self.max_any, lead)
         adj = max((iteration - it[j] for j in self._neighbours[worker]), default=0)
@@ -118,6 +123,11 @@ class GapMonitor:
             tuple(j for j in peers if j not in self.gone) for peers in self._all_neighbours
         ]
         self._set_bounds(bounds)
+        self._recount()
+
+    def end_resync(self) -> None:
+        """Every live worker's position is known again: judge gaps from here on."""
+        self.resyncing = False
         self._recount()
 
     def _recount(self) -> None:

@@ -18,7 +18,7 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL
-from hopbus.errors import RunFailure, RunStopped, UserError
+from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 
 
 def _advertise(value: str | None, redis_url: str) -> str | None:
@@ -334,6 +334,18 @@ def worker_cmd(
             rich_help_panel=o.PANEL_CLUSTER,
         ),
     ] = None,
+    rejoin: Annotated[
+        bool,
+        typer.Option(
+            "--rejoin",
+            envvar="HOPBUS_REJOIN",
+            help="Replace worker --id, which the run declared dead (a backup or hybrid run "
+            "that went on without it): take the newest parameters an in-neighbour sends and "
+            "its iteration, then train to the end with the others. Refused if the worker is "
+            "alive; a refused or failed replacement exits 1 and leaves the run as it was.",
+            rich_help_panel=o.PANEL_CLUSTER,
+        ),
+    ] = False,
 ) -> None:
     """Run one worker of a run: the unit a container runs, started N times by `hopbus train`.
 
@@ -342,6 +354,8 @@ def worker_cmd(
     Without --id it takes the run's next free id; once all N have joined it exits 2.
     --advertise auto advertises this host's own address (a container's IP). If Redis or a
     neighbour cannot be reached within --timeout it prints what it waited for and exits 1.
+    With --rejoin --id I it replaces dead worker I of a backup or hybrid run that went on
+    without it (docs/faults.md).
     """
     from hopbus.runtime.join import worker_for
     from hopbus.runtime.worker import report_failure
@@ -360,11 +374,12 @@ def worker_cmd(
             curve=curve,
             checkpoint_dir=checkpoint_dir,
             resume_from=resume_from,
+            rejoin=rejoin,
         )
         worker_id = w.node
         result = w.run_loop()
     except UserError as exc:
-        if worker_id is not None and not isinstance(exc, RunStopped):
+        if worker_id is not None and not isinstance(exc, RunStopped | RejoinFailed | DeclaredDead):
             report_failure(url, run, worker_id, str(exc))
         raise
     print(

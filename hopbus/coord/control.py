@@ -19,38 +19,68 @@ import msgpack
 import redis
 
 from hopbus.coord.keys import RunKeys
+from hopbus.errors import DeclaredDead
 
 PROGRESS_MAXLEN = 1_000_000  # entries kept (approximately): a 16-worker run of 60k iterations
 EVENTS_MAXLEN = 10_000
 
+# The one rule for "is this process still worker W?", prepended to every script that needs it
+# (Advance, a heartbeat, the final result, the token wait's look). It is not if a replacement
+# has taken W's id since (the incarnation hash holds a newer number than ``mine``; no entry is
+# the process started with the run), or if W is in the dead set, unless it is a replacement
+# still joining (``joiner``: in the dead set until its commit, and in the joining set).
+_OUTDATED = """
+local function outdated(inckey, deadkey, joinkey, w, mine, joiner)
+  local inc = redis.call('HGET', inckey, w)
+  if inc and inc ~= mine then return true end
+  if redis.call('SISMEMBER', deadkey, w) == 0 then return false end
+  return not (joiner and redis.call('SISMEMBER', joinkey, w) == 1)
+end
+"""
+
 # Enter an iteration in one round trip, or say which token queue is short.
 # KEYS: 1 iter, 2 progress, 3 own floor, then nt queues to take from, np queues to put into,
-#       nf floors to read back, and last the run's set of dead workers
+#       nf floors to read back, and last the incarnation hash, the run's set of joining workers
+#       and its set of dead workers
 # ARGV: 1 start, 2 to, 3 maxlen, 4 nt, 5 np, 6 nf, 7 floor to publish ('' = none),
 #       8..7+nt tokens still needed from each take queue, then the progress entry's fields and
 #       values as one msgpack array of strings (one argument instead of dozens: cheaper to send),
-#       then the worker ids of the take queues' owners and of the put queues' takers (msgpack)
+#       then the worker ids of the take queues' owners and of the put queues' takers (msgpack),
+#       then the run's heartbeat key prefix, then this worker's id and incarnation
 # A queue whose other end is dead is neither waited on nor fed (protocol/membership.py); the
-# dead set is read in the same atomic step, so no worker ever acts on a stale view of it.
-_ADVANCE = """
+# dead set is read in the same atomic step, so no worker ever acts on a stale view of it. With
+# dead workers, it also returns those whose replacement is joining (senders send to them
+# again), forgetting a joiner whose heartbeat lapsed (it died while joining). A worker that is
+# itself in the dead set (declared dead, yet still running), or whose id a replacement has taken
+# since (another incarnation), is refused: HOPBUSDEAD.
+_ADVANCE = (
+    _OUTDATED
+    + """
 local start, to = tonumber(ARGV[1]), tonumber(ARGV[2])
 local nt, np, nf = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local cur = redis.call('GET', KEYS[1])
 if not cur then return redis.error_reply('HOPBUSLOST ' .. KEYS[1]) end
+local deadkey, joinkey = KEYS[#KEYS], KEYS[#KEYS - 1]
+if outdated(KEYS[#KEYS - 2], deadkey, joinkey, ARGV[11 + nt], ARGV[12 + nt], false) then
+  return redis.error_reply('HOPBUSDEAD ' .. KEYS[1])
+end
 if cur ~= ARGV[1] then
   return redis.error_reply('HOPBUS iteration counter of ' .. KEYS[1] .. ' is ' ..
     tostring(cur) .. ', expected ' .. ARGV[1])
 end
-local deadkey = KEYS[#KEYS]
-local skip, dead = {}, {}
+local skip, dead, joining = {}, {}, {}
 if redis.call('SCARD', deadkey) > 0 then
   local ids = cmsgpack.unpack(ARGV[9 + nt])
   for i = 1, nt + np do skip[i] = redis.call('SISMEMBER', deadkey, ids[i]) == 1 end
   dead = redis.call('SMEMBERS', deadkey)
+  for _, w in ipairs(redis.call('SMEMBERS', joinkey)) do
+    if redis.call('EXISTS', ARGV[10 + nt] .. w) == 1 then joining[#joining + 1] = w
+    else redis.call('SREM', joinkey, w) end
+  end
 end
 for i = 1, nt do
   if not skip[i] and redis.call('LLEN', KEYS[3 + i]) < tonumber(ARGV[7 + i]) then
-    return {0, i, dead}
+    return {0, i, dead, joining}
   end
 end
 for i = 1, nt do
@@ -70,8 +100,9 @@ if np > 0 then
 end
 local floors = {}
 for k = 1, nf do floors[k] = redis.call('GET', KEYS[3 + nt + np + k]) or '' end
-return {1, id, floors, dead}
+return {1, id, floors, dead, joining}
 """
+)
 
 # Declare worker ARGV[1] dead, once: unless its heartbeat is there (ARGV[4] = '1': the caller
 # knows the process is gone, e.g. the launcher saw it exit) or it published its result, or
@@ -111,17 +142,33 @@ return 1
 
 
 # After a restarted Redis lost the run's state: worker ARGV[1] puts back what it holds, in one
-# step, so no peer sees its counter without its heartbeat.
-# KEYS: 1 its iter, 2 its heartbeat, 3 addr, 4 meta, 5 dead set, 6 events
+# step, so no peer sees its counter without its heartbeat; a replacement also puts back its
+# incarnation (refused, HOPBUSDEAD, if a newer one is there) and takes itself out of the dead
+# set. It puts back the workers it knows dead, but not one whose replacement has put its
+# incarnation back already (that one came in after this worker last read the dead set). A
+# progress entry restore=1 tells readers of the stream where it is: entries it wrote before the
+# restart that they had not read yet are gone with the old stream.
+# KEYS: 1 its iter, 2 its heartbeat, 3 addr, 4 meta, 5 dead set, 6 events, 7 incarnation hash,
+#       8 progress
 # ARGV: 1 worker, 2 iteration, 3 heartbeat ttl ms, 4 endpoint, 5 config JSON, 6 time,
-#       7 events maxlen, then the workers it knows dead
+#       7 events maxlen, 8 its incarnation, 9 progress maxlen, then the workers it knows dead
 _RESTORE = """
+local inc = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or '0')
+if inc > tonumber(ARGV[8]) then return redis.error_reply('HOPBUSDEAD ' .. KEYS[1]) end
+if ARGV[8] ~= '0' then  -- a replacement: back, and alive whatever a survivor put back
+  redis.call('HSET', KEYS[7], ARGV[1], ARGV[8])
+  redis.call('SREM', KEYS[5], ARGV[1])
+end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 redis.call('HSETNX', KEYS[4], 'config', ARGV[5])
 redis.call('HSETNX', KEYS[4], 'status', 'running')
-for i = 8, #ARGV do redis.call('SADD', KEYS[5], ARGV[i]) end
+for i = 10, #ARGV do
+  if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 0 then redis.call('SADD', KEYS[5], ARGV[i]) end
+end
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[9], '*', 'worker', ARGV[1], 'iter', ARGV[2],
+  'restore', '1', 't', ARGV[6])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'restore', 'worker', ARGV[1],
   'iter', ARGV[2], 't', ARGV[6])
 return 1
@@ -144,6 +191,140 @@ return 1
 """
 
 
+# A replacement for dead worker ARGV[1] announces itself (hopbus worker --rejoin): its heartbeat,
+# its new endpoint, and a place in the joining set, so its in-neighbours send to it again.
+# Refused (the reason, a string, is returned) unless the worker is dead, the run goes on, and no
+# other process beats for that id; otherwise returns the replacement's incarnation (a number:
+# 1 for the first replacement of that id, and so on), which outdates every earlier process.
+# KEYS: 1 hb, 2 dead, 3 joining, 4 addr, 5 stop, 6 result, 7 events, 8 incarnation hash
+# ARGV: 1 worker, 2 endpoint, 3 heartbeat ttl ms, 4 time, 5 events maxlen
+_BEGIN_REJOIN = """
+local stop = redis.call('GET', KEYS[5])
+if stop then return 'the run was stopped: ' .. stop end
+if redis.call('HEXISTS', KEYS[6], ARGV[1]) == 1 then return 'it already finished' end
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
+  return 'it is not dead (its heartbeat is live, or the run has not declared it dead yet)'
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'another replacement is joining as it' end
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+local inc = redis.call('HINCRBY', KEYS[8], ARGV[1], 1)
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'rejoining', 'worker',
+  ARGV[1], 't', ARGV[4], 'endpoint', ARGV[2], 'incarnation', inc)
+return inc
+"""
+
+# A replacement that did not get in leaves the joining set and drops its heartbeat, if it is
+# still the newest incarnation. KEYS: 1 incarnation hash, 2 joining, 3 hb; ARGV: 1 worker, 2 its
+# incarnation
+_ABORT_REJOIN = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3])
+return 1
+"""
+
+# The replacement enters iteration ARGV[2] (k) and is a live worker again, in one step: its
+# counter, every token queue on its edges to live workers rebuilt from the invariant
+# (max_ig + Iter(owner) - Iter(taker)), out of the dead and joining sets, a progress entry
+# rejoin=1 and an event. Refused (returns {0, reason}) if a queue would be negative: the
+# replacement then waits for a later iteration (protocol/membership.rejoin_iteration).
+# Neighbours that are dead are skipped (their own commit rebuilds their queues).
+# KEYS: 1 its iter, 2 dead, 3 joining, 4 hb, 5 progress, 6 events, then per in-neighbour j:
+#       iter:j and TokenQ(self->j), then per out-neighbour m: iter:m and TokenQ(m->self),
+#       last the incarnation hash
+# ARGV: 1 worker, 2 k, 3 max_ig, 4 ni, 5 no, 6 time, 7 progress maxlen, 8 events maxlen,
+#       then the ni in-neighbours' ids, then the no out-neighbours' ids, last its incarnation
+_COMMIT_REJOIN = """
+local k, ig = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ni, no = tonumber(ARGV[4]), tonumber(ARGV[5])
+if redis.call('HGET', KEYS[#KEYS], ARGV[1]) ~= ARGV[#ARGV] then
+  return {0, 'another replacement took its place'}
+end
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0 or redis.call('EXISTS', KEYS[4]) == 0 then
+  return {0, 'it left the joining set (its heartbeat lapsed, or Redis restarted)'}
+end
+local fill = {}
+for p = 1, ni + no do
+  if redis.call('SISMEMBER', KEYS[2], ARGV[8 + p]) == 0 then
+    local other = redis.call('GET', KEYS[5 + 2 * p])
+    if not other then return {0, 'worker ' .. ARGV[8 + p] .. ' has no counter in Redis'} end
+    local n = ig + tonumber(other) - k
+    if p <= ni then n = ig + k - tonumber(other) end
+    if n < 0 then
+      return {0, 'worker ' .. ARGV[8 + p] .. ' is in iteration ' .. other}
+    end
+    fill[#fill + 1] = {KEYS[6 + 2 * p], n}
+  end
+end
+redis.call('SET', KEYS[1], k)
+for _, q in ipairs(fill) do
+  redis.call('DEL', q[1])
+  if q[2] > 0 then
+    local values = {}
+    for t = 1, q[2] do values[t] = k end
+    redis.call('RPUSH', q[1], unpack(values))
+  end
+end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'worker', ARGV[1], 'iter', k,
+  'rejoin', '1', 't', ARGV[6])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'rejoin', 'worker', ARGV[1],
+  'iter', k, 't', ARGV[6])
+return {1}
+"""
+
+
+# One heartbeat: refresh worker ARGV[1]'s key and read the run's stop key; not for a process
+# that is ``outdated`` (it is told so instead). Without its counter (a node that has none, or a
+# restarted Redis it has not restored yet) nothing is judged: it beats.
+# KEYS: 1 heartbeat, 2 dead set, 3 stop, 4 incarnation hash, 5 joining set, 6 its iter
+# ARGV: 1 worker, 2 value, 3 TTL in ms, 4 a replacement ('1'), 5 its incarnation
+# Returns {1 beating or 0 outdated, the stop reason or ''}.
+_BEAT = (
+    _OUTDATED
+    + """
+local stop = redis.call('GET', KEYS[3]) or ''
+if redis.call('EXISTS', KEYS[6]) == 1 and
+    outdated(KEYS[4], KEYS[2], KEYS[5], ARGV[1], ARGV[5], ARGV[4] == '1') then
+  return {0, stop}
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return {1, stop}
+"""
+)
+
+# A node's result, and its heartbeat set to ARGV[3] (finished, no TTL), in one step; refused
+# (HOPBUSDEAD) for a process that is ``outdated``, as for a heartbeat.
+# KEYS: 1 results, 2 heartbeat, 3 dead set, 4 incarnation hash, 5 joining set, 6 its iter
+# ARGV: 1 worker, 2 result JSON, 3 the finished marker, 4 its incarnation
+_FINISH = (
+    _OUTDATED
+    + """
+if redis.call('EXISTS', KEYS[6]) == 1 and
+    outdated(KEYS[4], KEYS[3], KEYS[5], ARGV[1], ARGV[4], false) then
+  return redis.error_reply('HOPBUSDEAD ' .. KEYS[6])
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3])
+return 1
+"""
+)
+
+# Whether Redis holds worker ARGV[1]'s counter, and whether this process is still the worker.
+# KEYS: 1 its iter, 2 incarnation hash, 3 dead set, 4 joining set; ARGV: 1 worker, 2 incarnation
+_STANDING = (
+    _OUTDATED
+    + """
+local current = 1
+if outdated(KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], false) then current = 0 end
+return {redis.call('EXISTS', KEYS[1]), current}
+"""
+)
+
+
 class StateLostError(Exception):
     """Redis no longer holds this worker's iteration counter: it restarted without the run's
     state. The worker puts back what it holds (``RunControl.restore``)."""
@@ -161,7 +342,29 @@ class RunControl:
         self._declare_dead = client.register_script(_DECLARE_DEAD)
         self._restore = client.register_script(_RESTORE)
         self._rebuild = client.register_script(_REBUILD)
+        self._begin_rejoin = client.register_script(_BEGIN_REJOIN)
+        self._commit_rejoin = client.register_script(_COMMIT_REJOIN)
+        self._abort_rejoin = client.register_script(_ABORT_REJOIN)
+        self._beat = client.register_script(_BEAT)
+        self._finish = client.register_script(_FINISH)
+        self._standing = client.register_script(_STANDING)
+        # 0: the process ``hopbus train`` or compose started; n: the n-th replacement of it
+        self.incarnation = 0
         self.floors: dict[int, int] = {}  # out-neighbours' floors, read by the last advance
+        self.joining: frozenset[int] = frozenset()  # dead workers coming back, as last read
+
+    def _call(self, script: Any, keys: list, args: list) -> Any:
+        """``script``, with the scripts' refusals as exceptions: HOPBUSLOST (Redis lost this
+        worker's counter) as StateLostError, HOPBUSDEAD (this process is no longer the
+        worker: ``_OUTDATED``) as DeclaredDead."""
+        try:
+            return script(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("HOPBUSLOST"):
+                raise StateLostError(str(exc)) from None
+            if str(exc).startswith("HOPBUSDEAD"):
+                raise DeclaredDead(self.declared_dead_line()) from None
+            raise
 
     # -- iterations and tokens ------------------------------------------------------------------
     def start(self, put_to: Sequence[int], count: int, at: int = 0) -> None:
@@ -187,7 +390,8 @@ class RunControl:
         """Enter iteration ``to`` from ``start`` in one atomic step, if TokenQ(j->self) holds
         ``need[j]`` tokens for every live j: take them, publish ``floor`` (if given), set the
         counter, XADD the progress entry, put ``to - start`` tokens for each live j in
-        ``put_to``, and read back the floors of ``floors_of`` (into ``self.floors``).
+        ``put_to``, and read back the floors of ``floors_of`` (into ``self.floors``) and the
+        dead workers whose replacement is joining (into ``self.joining``).
 
         Returns (None, dead workers) once entered or, taking nothing, (the first j whose queue
         is short, dead workers)."""
@@ -204,17 +408,16 @@ class RunControl:
             *(k.tok(j, self.worker) for j in owners),
             *(k.tok(self.worker, j) for j in put_to),
             *(k.floor(j) for j in floors_of),
+            k.incarnation,
+            k.joining,
             k.dead,
         ]
         args = [start, to, PROGRESS_MAXLEN, len(owners), len(put_to), len(floors_of)]
         args += ["" if floor is None else floor, *(need[j] for j in owners)]
-        args += [msgpack.packb(flat), msgpack.packb([*owners, *put_to])]
-        try:
-            res = self._advance(keys=keys, args=args)
-        except redis.ResponseError as exc:
-            if str(exc).startswith("HOPBUSLOST"):
-                raise StateLostError(str(exc)) from None
-            raise
+        args += [msgpack.packb(flat), msgpack.packb([*owners, *put_to]), k.hb_prefix]
+        args += [self.worker, self.incarnation]
+        res = self._call(self._advance, keys, args)
+        self.joining = frozenset(int(w) for w in res[-1])
         if res[0] == 0:
             return owners[int(res[1]) - 1], frozenset(int(d) for d in res[2])
         self.floors = {j: int(v) if v else 0 for j, v in zip(floors_of, res[2], strict=True)}
@@ -251,8 +454,12 @@ class RunControl:
             approximate=True,
         )
 
-    def publish_result(self, result: Mapping[str, Any]) -> None:
-        self.r.hset(self.keys.result, str(self.worker), json.dumps(result))
+    def publish_result(self, result: Mapping[str, Any], finished: str) -> None:
+        """The node's result, and its heartbeat set to ``finished`` (no TTL), in one step;
+        DeclaredDead for a process declared dead or replaced meanwhile (it had frozen)."""
+        k, w = self.keys, self.worker
+        keys = [k.result, k.hb(w), k.dead, k.incarnation, k.joining, k.iter(w)]
+        self._call(self._finish, keys, [w, json.dumps(result), finished, self.incarnation])
 
     def publish_stats(self, stats: Mapping[str, int]) -> None:
         if stats:
@@ -290,19 +497,11 @@ class RunControl:
         """Put back this worker's state after Redis lost it: its counter at ``iteration``, its
         heartbeat, its endpoint, the run's config (if no one did yet) and the dead it knows."""
         k = self.keys
-        self._restore(
-            keys=[k.iter(self.worker), k.hb(self.worker), k.addr, k.meta, k.dead, k.events],
-            args=[
-                self.worker,
-                iteration,
-                heartbeat_ms,
-                endpoint,
-                config,
-                time.time(),
-                EVENTS_MAXLEN,
-                *dead,
-            ],
-        )
+        keys = [k.iter(self.worker), k.hb(self.worker), k.addr, k.meta, k.dead, k.events]
+        keys += [k.incarnation, k.progress]
+        args = [self.worker, iteration, heartbeat_ms, endpoint, config, time.time()]
+        args += [EVENTS_MAXLEN, self.incarnation, PROGRESS_MAXLEN, *dead]
+        self._call(self._restore, keys, args)
 
     def rebuild_tokens(self, owner: int, max_ig: int) -> bool:
         """TokenQ(owner->self) from the invariant; False while a counter is still missing."""
@@ -313,8 +512,80 @@ class RunControl:
             )
         )
 
+    # -- a replacement rejoining (hopbus worker --rejoin) -------------------------------------
+    def begin_rejoin(self, endpoint: str, heartbeat_ms: int) -> str | None:
+        """Announce this process as the replacement of dead worker ``self.worker``: heartbeat,
+        endpoint, and the joining set (its in-neighbours send to it again); this process takes
+        the next incarnation of the id. Returns why it is refused, or None."""
+        k = self.keys
+        w = self.worker
+        res = self._begin_rejoin(
+            keys=[k.hb(w), k.dead, k.joining, k.addr, k.stop, k.result, k.events, k.incarnation],
+            args=[w, endpoint, heartbeat_ms, time.time(), EVENTS_MAXLEN],
+        )
+        if isinstance(res, int):
+            self.incarnation = res
+            return None
+        return res.decode() if isinstance(res, bytes) else str(res)
+
+    def commit_rejoin(
+        self, iteration: int, ins: Sequence[int], outs: Sequence[int], max_ig: int
+    ) -> str | None:
+        """Enter ``iteration`` as a live worker again: counter, the token queues to and from
+        those of ``ins`` and ``outs`` that are alive as Redis sees it now, rebuilt from the
+        invariant, out of the dead set, a progress entry ``rejoin=1``. Returns why not (a queue
+        would be negative, or this process is no longer the newest incarnation), or None."""
+        k = self.keys
+        w = self.worker
+        keys = [k.iter(w), k.dead, k.joining, k.hb(w), k.progress, k.events]
+        for j in ins:
+            keys += [k.iter(j), k.tok(w, j)]
+        for m in outs:
+            keys += [k.iter(m), k.tok(m, w)]
+        args = [w, iteration, max_ig, len(ins), len(outs), time.time()]
+        keys.append(k.incarnation)
+        args += [PROGRESS_MAXLEN, EVENTS_MAXLEN, *ins, *outs, self.incarnation]
+        res = self._commit_rejoin(keys=keys, args=args)
+        if int(res[0]) == 1:
+            return None
+        return res[1].decode() if isinstance(res[1], bytes) else str(res[1])
+
+    def abort_rejoin(self) -> None:
+        """A replacement that did not get in: out of the joining set, its heartbeat gone;
+        unless a newer replacement has taken the id since (that one's are left alone)."""
+        k = self.keys
+        self._abort_rejoin(
+            keys=[k.incarnation, k.joining, k.hb(self.worker)], args=[self.worker, self.incarnation]
+        )
+
+    def iterations(self, of: Sequence[int]) -> dict[int, int | None]:
+        """Workers ``of``'s iteration counters (None where Redis has none)."""
+        if not of:
+            return {}
+        values = self.r.mget([self.keys.iter(j) for j in of])
+        return {j: None if v is None else int(v) for j, v in zip(of, values, strict=True)}
+
     def dead(self) -> frozenset[int]:
         return frozenset(int(x) for x in self.r.smembers(self.keys.dead))
+
+    def standing(self) -> tuple[bool, bool]:
+        """(Redis holds this worker's counter, this process is still the worker: neither in
+        the dead set nor outdated by a replacement's incarnation), in one round trip."""
+        k, w = self.keys, self.worker
+        res = self._standing(
+            keys=[k.iter(w), k.incarnation, k.dead, k.joining], args=[w, self.incarnation]
+        )
+        return bool(res[0]), bool(res[1])
+
+    def declared_dead_line(self) -> str:
+        """What a worker that finds itself dead, or replaced, says as it leaves."""
+        w, run = self.worker, self.keys.run
+        return (
+            f"worker {w} of run {run} was declared dead (its heartbeat lapsed: the process was "
+            "stopped, starved of CPU or cut off from Redis for longer than --heartbeat); the run "
+            "went on without it or with a replacement, so it leaves (in a backup or hybrid run "
+            f"`hopbus worker --run {run} --id {w} --rejoin` brings a replacement in)"
+        )
 
     def stop_run(self, reason: str) -> str:
         """Stop the run for every node (they see it within a heartbeat period); the first
@@ -353,24 +624,39 @@ class Heartbeat:
         patience_s: float = 0.0,
     ) -> None:
         self.control = control
-        self.ttl_ms = max(1000, int(ttl_s * 1000))
+        self.ttl_ms = self.ttl_ms_for(ttl_s)
         self.patience_s = patience_s  # how long Redis may fail before ``error`` is set
         self.stats = stats
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hopbus-heartbeat", daemon=True)
         self.error: BaseException | None = None
         self.stopped: str | None = None  # the run's stop reason, once some node stopped it
+        # A replacement beats while still in the dead set (and the joining set), until
+        # commit_rejoin takes it out; any other node that finds itself there, or outdated by a
+        # newer replacement, stops beating and is told (``declared_dead``).
+        self.may_be_dead = False
+        self.declared_dead = False
+
+    @staticmethod
+    def ttl_ms_for(ttl_s: float) -> int:
+        """The heartbeat key's TTL in ms (at least 1 s)."""
+        return max(1000, int(ttl_s * 1000))
 
     def beat(self) -> None:
         c = self.control
+        k = c.keys
         pipe = c.r.pipeline(transaction=False)
-        pipe.set(c.keys.hb(c.worker), int(time.time() * 1000), px=self.ttl_ms)
-        pipe.get(c.keys.stop)
+        args = [c.worker, int(time.time() * 1000), self.ttl_ms, int(self.may_be_dead)]
+        args.append(c.incarnation)
+        keys = [k.hb(c.worker), k.dead, k.stop, k.incarnation, k.joining, k.iter(c.worker)]
+        c._beat(keys=keys, args=args, client=pipe)
         stats = self.stats() if self.stats is not None else None
         if stats:
-            pipe.hset(c.keys.stats(c.worker), mapping=dict(stats))
-        stop = pipe.execute()[1]
-        if stop is not None:
+            pipe.hset(k.stats(c.worker), mapping=dict(stats))
+        beating, stop = pipe.execute()[0]
+        if not beating:
+            self.declared_dead = True
+        if stop:
             self.stopped = stop.decode(errors="replace")
 
     def start(self) -> Heartbeat:

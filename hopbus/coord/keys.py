@@ -11,13 +11,14 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:floor:I | string | oldest update iteration worker I still accepts (Sec. 6.2) |
 | hop:{R}:tok:I:J | list | TokenQ(I->J): tokens worker J takes from I (values: iterations) |
 | hop:{R}:progress | stream | one entry per iteration change (worker, iter, jump, loss, ...) |
-| hop:{R}:events | stream | start, finish, error, stop |
+| hop:{R}:events | stream | start, finish, error, crash, stop, restore, rejoining, rejoin |
 | hop:{R}:hb:I | string + TTL | worker I's heartbeat |
 | hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
 | hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
 | hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
 | hop:{R}:joined | string counter | workers that joined without ``--id``: INCR - 1 is the new id |
 | hop:{R}:dead | set | workers declared dead (heartbeat gone without a result) |
+| hop:{R}:joining | set | dead workers whose replacement is coming in (``hopbus worker --rejoin``) |
 | hop:{R}:stop | string | why the run was stopped (a dead worker it cannot do without, ...) |
 
 A parameter server (``--mode ps-*``) is node N of a run of N workers: its endpoint, heartbeat
@@ -89,6 +90,20 @@ class RunKeys:
         return self.prefix + "dead"
 
     @property
+    def joining(self) -> str:
+        return self.prefix + "joining"
+
+    @property
+    def incarnation(self) -> str:
+        """Hash: worker id -> how many replacements took it (absent: the original process)."""
+        return self.prefix + "incarnation"
+
+    @property
+    def hb_prefix(self) -> str:
+        """``hb(I)`` without the id: for a Lua script that checks the heartbeats of a set."""
+        return self.prefix + "hb:"
+
+    @property
     def stop(self) -> str:
         return self.prefix + "stop"
 
@@ -102,7 +117,7 @@ class RunKeys:
         return f"{self.prefix}tok:{owner}:{taker}"
 
     def hb(self, worker: int) -> str:
-        return f"{self.prefix}hb:{worker}"
+        return f"{self.hb_prefix}{worker}"
 
     def stats(self, worker: int) -> str:
         return f"{self.prefix}stats:{worker}"

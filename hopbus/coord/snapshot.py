@@ -50,7 +50,10 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
         pipe.get(keys.hb(i))
         pipe.pttl(keys.hb(i))
         pipe.hgetall(keys.stats(i))
+    pipe.smembers(keys.dead)
+    pipe.smembers(keys.joining)
     rest = pipe.execute()
+    dead, joining = ({int(x) for x in members} for members in rest[3 * n :])
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
@@ -61,6 +64,8 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
             state = "finished"
         else:
             state = f"alive ({(now_ms - float(hb)) / 1000:.1f} s ago)" if ttl and ttl > 0 else "?"
+        if i in dead:  # docs/faults.md: declared dead; a replacement may be joining
+            state = "dead, a replacement joining" if i in joining else "dead"
         workers.append(
             {
                 "worker": i,

@@ -19,7 +19,7 @@ from hopbus.config import TrainConfig, make_config
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError, list_runs
 from hopbus.coord.snapshot import snapshot
-from hopbus.runtime.progress import read_entries
+from hopbus.runtime.progress import MARKERS, read_entries
 from hopbus.topology import GapSetting, Topology, token_queue_capacity
 
 RATE_WINDOW_S = 5.0
@@ -114,8 +114,8 @@ class TopReader:
             for entry_id, rec in got:
                 ms = _ms(entry_id)
                 w, to = rec.get("worker"), rec.get("iter")
-                if w is None or to is None:
-                    continue
+                if w is None or to is None or any(rec.get(m) for m in MARKERS):
+                    continue  # a death, a rejoin or a restore is not a step
                 s = self._seen.setdefault(w, _Seen())
                 jump = rec.get("jump", 0)
                 s.jumps += int(jump > 0)

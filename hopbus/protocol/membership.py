@@ -15,13 +15,19 @@ workers can keep training without the dead ones, and what then binds them:
   graph without the dead ones (``bounds_without``): a pair with no live path left is no longer
   bounded.
 
+* Rejoining (``rejoin_iteration``): a replacement for a dead worker enters at an iteration k
+  taken from an update one of its in-neighbours sent it, chosen so that every token queue it
+  rebuilds (``max_ig + Iter(owner) - Iter(taker)``) is non-negative and enough in-neighbours
+  will send it an update of k. Non-negative queues on its edges mean Table 1 of the *whole*
+  graph holds again from the moment it is back: no pair is suddenly over its bound.
+
 Pure: no I/O. The runtime (and ``hopbus train``'s launcher) call these with the dead set kept in
 Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import networkx as nx
 import numpy as np
@@ -78,3 +84,53 @@ def bounds_without(topo: Topology, setting: GapSetting, dead: Collection[int]) -
         b[:, w] = np.inf
         b[w, w] = 0.0
     return b
+
+
+def rejoin_iteration(
+    held: Mapping[int, Collection[int]],
+    ins: Mapping[int, int],
+    outs: Mapping[int, int],
+    *,
+    need: int,
+    max_ig: int,
+) -> tuple[int | None, str]:
+    """The iteration a replacement rejoins in, or None and why none will do yet.
+
+    ``held``: each live in-neighbour's iterations of the updates it sent the replacement (they
+    send to it from the moment they see it joining). ``ins`` and ``outs``: the live in- and
+    out-neighbours' iteration counters now. ``need``: updates of one iteration its Recv waits
+    for (|N_in| - N_buw).
+
+    The answer is the newest held iteration k such that
+    (a) no token queue it rebuilds is negative: Iter(j) - max_ig <= k for every in-neighbour j
+        (TokenQ(self->j)) and k <= Iter(m) + max_ig for every out-neighbour m (TokenQ(m->self));
+    (b) at least ``need`` in-neighbours will deliver an update of k: one is held, or the
+        neighbour is still below k (it sends k when it enters it, as it now sends to the
+        replacement). A neighbour at or past k without a held update of k never sends one.
+    """
+    lo = max(ins.values(), default=0) - max_ig
+    hi = min(outs.values()) + max_ig if outs else None
+    seen = sorted({k for its in held.values() for k in its}, reverse=True)
+    if not seen:
+        return None, "no update from its in-neighbours yet"
+    why = ""
+    for k in seen:
+        if hi is not None and k > hi:
+            behind = min(outs, key=lambda m: outs[m])
+            why = why or (
+                f"out-neighbour {behind} is in iteration {outs[behind]}, more than max_ig "
+                f"{max_ig} behind the update held ({k})"
+            )
+            continue  # an older update may fit
+        if k < lo:
+            ahead = max(ins, key=lambda j: ins[j])
+            why = why or (
+                f"in-neighbour {ahead} is in iteration {ins[ahead]}, more than max_ig {max_ig} "
+                f"ahead of the update held ({k})"
+            )
+            break  # older ones are further behind still
+        coming = sum(1 for j, it in ins.items() if k in held.get(j, ()) or it < k)
+        if coming >= need:
+            return k, ""
+        why = why or f"fewer than {need} in-neighbours will send an update of iteration {k}"
+    return None, why

@@ -107,6 +107,13 @@ class Trainer:
                 raise CheckpointError(f"checkpoint's minibatch position: {exc}") from None
         self._grads = None
 
+    def adopt(self, params: Params) -> None:
+        """Start from a neighbour's parameters (a replacement rejoining a run): copies, and no
+        momentum yet."""
+        self.params = {name: np.array(a, copy=True) for name, a in params.items()}
+        self.opt.load_state({})
+        self._grads = None
+
     def evaluate(self, *, full: bool = False) -> tuple[float, float]:
         """Test loss and accuracy: on the whole test set, or on the periodic subset."""
         if full:

@@ -2,8 +2,10 @@
 
 ``HOPBUS_FAULTS="2:never_register,3:crash_at=10"`` makes worker 2 hang before it registers its
 endpoint (as a process that never comes up) and worker 3 die abruptly when it is about to enter
-iteration 10 (as a crash: no cleanup, no message). ``hopbus train`` passes the variable on to its
-workers. Unknown names are refused, so a typo cannot silently test nothing.
+iteration 10 (as a crash: no cleanup, no message). ``3:crash_joining`` makes a replacement for
+worker 3 (``hopbus worker --rejoin``) die the same way once it has announced itself, before it
+is back in the run. ``hopbus train`` passes the variable on to its workers. Unknown names are
+refused, so a typo cannot silently test nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from dataclasses import dataclass
 from hopbus.errors import ConfigError
 
 ENV = "HOPBUS_FAULTS"
-NAMES = ("never_register", "crash_at", "hang_at")
+NAMES = ("never_register", "crash_at", "hang_at", "crash_joining")
+FLAGS = ("never_register", "crash_joining")  # names without an iteration
 
 
 @dataclass(frozen=True)
 class Faults:
     never_register: bool = False
+    crash_joining: bool = False
     crash_at: int | None = None
     hang_at: int | None = None
 
@@ -31,15 +35,19 @@ class Faults:
         for part in filter(None, (p.strip() for p in spec.split(","))):
             who, _, what = part.partition(":")
             name, _, arg = what.partition("=")
-            if name not in NAMES or not who.isdigit() or (name != "never_register") != bool(arg):
+            if name not in NAMES or not who.isdigit() or (name not in FLAGS) != bool(arg):
                 raise ConfigError(f"{ENV}: cannot read {part!r}; expected WORKER:NAME[=ITER]")
             if int(who) == worker:
-                found[name] = True if name == "never_register" else int(arg)
+                found[name] = True if name in FLAGS else int(arg)
         return cls(**found)  # type: ignore[arg-type]
 
     def before_register(self) -> None:
         if self.never_register:
             threading.Event().wait()  # until the process is stopped
+
+    def while_joining(self) -> None:
+        if self.crash_joining:
+            os._exit(70)
 
     def before_iteration(self, iteration: int) -> None:
         if self.crash_at is not None and iteration >= self.crash_at:

@@ -8,7 +8,7 @@ from typing import Any
 from hopbus.coord.client import connect
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import join_worker
-from hopbus.errors import ConfigError
+from hopbus.errors import ConfigError, RejoinFailed
 from hopbus.modes import Family
 from hopbus.runtime.node import Node, read_run_config, redis_failures
 
@@ -24,6 +24,11 @@ def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
     from hopbus.runtime.wagma_worker import WagmaWorker
     from hopbus.runtime.worker import Worker
 
+    if kw.get("rejoin"):
+        if worker is None:
+            raise ConfigError("--rejoin: say which dead worker this process replaces with --id")
+        if kw.get("resume_from") is not None:
+            raise ConfigError("--rejoin and --resume-from do not go together")
     keys = RunKeys(run)
     timeout = kw.get("timeout") or TrainConfig.model_fields["timeout"].default
     with redis_failures("worker" if worker is None else f"worker {worker}", run):
@@ -37,12 +42,17 @@ def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
         Family.WAGMA: WagmaWorker,
         Family.ALLREDUCE: AllReduceWorker,
     }[cfg.mode.family]
-    # checkpoints are the Hop worker's alone (hopbus/runtime/checkpoint.py)
-    ckpt = {k: kw.pop(k) for k in ("checkpoint_dir", "resume_from") if k in kw}
+    # checkpoints and replacements are the Hop worker's alone
+    own = {k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin") if k in kw}
     if cls is Worker:
-        return Worker(run, worker, redis_url, client=client, **ckpt, **kw)
-    if ckpt.get("resume_from") is not None:
+        return Worker(run, worker, redis_url, client=client, **own, **kw)
+    if own.get("resume_from") is not None:
         raise ConfigError(
             f"--resume-from: only the Hop modes write checkpoints; run {run} is --mode {cfg.mode}"
+        )
+    if own.get("rejoin"):
+        raise RejoinFailed(
+            f"--rejoin: run {run} is --mode {cfg.mode}; only the Hop modes backup and hybrid "
+            "take a replacement"
         )
     return cls(run, worker, redis_url, client=client, **kw)

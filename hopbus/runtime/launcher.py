@@ -34,6 +34,7 @@ from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.modes import Family, Mode
+from hopbus.protocol.membership import survivable
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
 from hopbus.runtime.faults import ENV, Faults
@@ -149,8 +150,7 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def _why(p: Proc) -> str:
-    code = p.code
+def _why(p: Proc, code: int | None) -> str:
     if code is not None and code < 0:
         return f"{p.name} was killed by {signal.Signals(-code).name}"
     line = _last_line(p.log)
@@ -186,6 +186,9 @@ class Launcher:
         self.url = ""
         self.t_start = time.time()
         self.lost: dict[int, str] = {}  # workers the run went on without, and why they died
+        self.rejoined: set[int] = set()  # lost workers a replacement took the place of
+        self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
+        self._missing: set[int] = set()  # no heartbeat and no result at the previous look
         self.notes: list[str] = []  # what the display and the end report tell besides progress
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -256,7 +259,8 @@ class Launcher:
             self._begin()
             with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
-            set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # if it is gone
+                set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
             return outcome
         except KeyboardInterrupt:
             if self.procs or self.broker is not None:  # a watcher leaves the run's status alone
@@ -306,15 +310,80 @@ class Launcher:
 
     def _poll(self) -> tuple[bool, str | None]:
         """(every process is done, the first failure): here, from the processes' exit codes.
-        A worker that dies mid-run is a failure unless the run can go on without it."""
+        A worker that dies mid-run is a failure unless the run can go on without it; the
+        exit of one that was declared dead, or whose id a replacement took, is not news.
+        While Redis is away (``_broker_lost`` polls too) an exit waits for it to come back."""
         failure: str | None = None
+        replaced: set[int] = set()
+        try:
+            self._sync_membership()  # its neighbours may have noticed first
+            if self.rejoined:  # replacements are not our processes: Redis tells
+                finished = {int(k) for k in self.r.hkeys(self.keys.result)}
+                replaced = self.rejoined & finished
+                # one that dies once its neighbours are done has no one but us to notice (one
+                # without a counter has not restored it yet after a broker restart: not dead)
+                back = sorted(self.rejoined - set(self.lost))
+                counters = self.r.mget([self.keys.iter(i) for i in back]) if back else []
+                live = {i for i, c in zip(back, counters, strict=True) if c is not None}
+                for i in self._lapsed(live, finished):
+                    why = f"{self._name(i)}'s replacement: heartbeat gone without a result"
+                    failure = failure or self._lose(i, why, gone=False)
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # the next read of the progress stream finds out, and waits for it
         for p in self.procs:
-            if p.code is None:
-                p.code = p.popen.poll()
-                if p.code not in (None, 0) and failure is None:
-                    failure = self._lose(p.worker, _why(p), gone=True)
-        done = all(p.code == 0 or p.worker in self.lost for p in self.procs)
+            code = p.popen.poll() if p.code is None else None
+            if code is None:
+                continue
+            try:
+                if code != 0 and self._superseded(p.worker):
+                    self.notes.append(_why(p, code))  # e.g. it woke from a freeze, dead
+                elif code != 0 and failure is None:
+                    failure = self._lose(p.worker, _why(p, code), gone=True)
+            except (redis.ConnectionError, redis.TimeoutError):
+                continue  # look at this exit again once Redis is back
+            p.code = code
+        done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
         return done, failure
+
+    def _superseded(self, worker: int) -> bool:
+        """Whether ``worker``'s id belongs to the dead set or to a replacement by now."""
+        return worker in self.lost or worker in self.rejoined or worker in self._incarnations
+
+    def _name(self, node: int) -> str:
+        from hopbus.runtime.node import names
+
+        return names([node], self.topo.n if self.cfg.mode.family is Family.PS else None)
+
+    def _lapsed(self, nodes: set[int], finished: set[int]) -> list[int]:
+        """Those of ``nodes`` seen without a heartbeat and without a result at this look and at
+        the one before (twice in a row: a restarted Redis puts heartbeats back within one)."""
+        gone = {i for i in nodes if i not in finished and not self.r.exists(self.keys.hb(i))}
+        lapsed = sorted(gone & self._missing)
+        self._missing = gone
+        return lapsed
+
+    def _sync_membership(self) -> None:
+        """Follow the run's dead set and incarnations: a worker that entered the dead set died
+        (a replacement, or a worker whose neighbours noticed first); a newer incarnation of a
+        worker that is out of the dead set is a replacement that took its place (``hopbus
+        worker --rejoin``), even if its death came and went between two looks."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
+        members, incarnations = pipe.execute()
+        dead = {int(x) for x in members}
+        for i, n in sorted((int(k), int(v)) for k, v in incarnations.items()):
+            if i not in dead and self._incarnations.get(i) != n:
+                self._incarnations[i] = n
+                self.lost.pop(i, None)
+                self.rejoined.add(i)
+                it = int(self.r.get(self.keys.iter(i)) or 0)
+                self.notes.append(f"{self._name(i)} rejoined in iteration {it} (a replacement)")
+        for i in sorted(dead - set(self.lost)):
+            self.lost[i] = f"{self._name(i)} died (heartbeat gone)"
+            if survivable(self.cfg.protocol_settings(), self.topo, set(self.lost)) is None:
+                self.notes.append(f"{self.lost[i]}; the run goes on without it")
+            else:  # the run is stopping: the failure says why
+                self.notes.append(self.lost[i])
 
     def _lose(self, node: int, why: str, *, gone: bool) -> str | None:
         """Node ``node`` is gone (``why``). Returns None if the run goes on without it: a Hop
@@ -322,7 +391,6 @@ class Launcher:
         otherwise the failure to report, after stopping the run for every node. ``gone``: the
         process is known to have ended (not just its heartbeat)."""
         from hopbus.coord.control import RunControl
-        from hopbus.protocol.membership import survivable
 
         control = RunControl(self.r, self.keys, -1)
         reason: str | None = why
@@ -364,17 +432,17 @@ class Launcher:
         while True:
             try:
                 entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
+                if entries:
+                    cursor = entries[-1][0]
+                    pending.extend(entries)
+                if pending and self._feed(pending, metrics):
+                    pending.clear()
+                done, failure = self._poll()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 failure = self._broker_lost(exc)
                 if failure is not None:
                     break
                 continue
-            if entries:
-                cursor = entries[-1][0]
-                pending.extend(entries)
-            if pending and self._feed(pending, metrics):
-                pending.clear()
-            done, failure = self._poll()
             if self.on_update is not None:
                 self.on_update(self)
             if failure is not None or done:
@@ -413,18 +481,26 @@ class Launcher:
         self.notes.append("Redis is back; the workers put back their state")
         return None
 
-    def _summary(self, failure: str | None) -> dict[str, Any]:
-        if self.replay is None:
-            self.replay = self._new_replay(self.t_start)
+    def _results(self) -> dict[int, dict[str, Any]]:
+        """Every node's result; for a worker that did not finish, its last counters."""
         raw = self.r.hgetall(self.keys.result)
         results = {int(k): json.loads(v) for k, v in raw.items()}
-        server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
-        for i in range(self.topo.n):  # a worker that did not finish: its last counters
+        for i in range(self.topo.n):
             if i not in results:
                 stats = self.r.hgetall(self.keys.stats(i))
                 results_i = {k.decode(): int(v) for k, v in stats.items()}
                 if results_i:
                     results[i] = results_i
+        return results
+
+    def _summary(self, failure: str | None) -> dict[str, Any]:
+        if self.replay is None:
+            self.replay = self._new_replay(self.t_start)
+        try:
+            results = self._results()
+        except (redis.ConnectionError, redis.TimeoutError):  # Redis never came back: what the
+            results = {}  # progress stream showed is all there is to summarize
+        server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
         live = [i for i in range(self.topo.n) if i not in self.lost]
         finished = failure is None and all("final_accuracy" in results.get(i, {}) for i in live)
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
@@ -464,7 +540,6 @@ class Watcher(Launcher):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._events = "0-0"
-        self._missing: set[int] = set()  # no heartbeat and no result at the previous look
 
     def _start_broker(self) -> None:
         assert self.redis_url is not None
@@ -476,34 +551,31 @@ class Watcher(Launcher):
             set_status(self.r, self.keys, "running")
 
     def _poll(self) -> tuple[bool, str | None]:
-        from hopbus.runtime.node import names
+        """From Redis alone: error events, the stop key, heartbeats, results. While Redis is
+        away (``_broker_lost`` polls too) nothing is known: not done, no failure."""
+        try:
+            return self._look()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False, None
 
+    def _look(self) -> tuple[bool, str | None]:
         n = self.topo.n
         ps = n if self.cfg.mode.family is Family.PS else None  # node N, when the run has one
         for event_id, rec in read_entries(self.r, self.keys.events, self._events, count=10_000):
             self._events = event_id
             if rec.get("kind") == "error":
-                who = names([int(rec.get("worker", -1))], ps)
+                who = self._name(int(rec.get("worker", -1)))
                 return False, f"{who}: {rec.get('message', 'failed')}"
         stop = self.r.get(self.keys.stop)
         if stop is not None:
             return False, stop.decode(errors="replace")
-        registered = [int(k) for k in self.r.hkeys(self.keys.addr)]
-        beating = {i for i in registered if self.r.exists(self.keys.hb(i))}
+        registered = {int(k) for k in self.r.hkeys(self.keys.addr)}
         done = {int(k) for k in self.r.hkeys(self.keys.result)}
-        gone = {i for i in registered if i not in beating and i not in done}
-        dead = sorted(gone & self._missing - set(self.lost))  # twice in a row: not a restart
-        self._missing = gone
-        for i in dead:
-            failure = self._lose(
-                i, f"{names([i], ps)}: heartbeat gone without a result", gone=False
-            )
+        for i in self._lapsed(registered - set(self.lost), done):
+            failure = self._lose(i, f"{self._name(i)}: heartbeat gone without a result", gone=False)
             if failure is not None:
                 return False, failure
-        for i in map(int, self.r.smembers(self.keys.dead)):  # declared by its neighbours
-            if i not in self.lost:
-                self.lost[i] = f"{names([i], ps)} died (heartbeat gone)"
-                self.notes.append(f"{self.lost[i]}; the run goes on without it")
+        self._sync_membership()  # declared by its neighbours, or replaced
         return len(done) + len(self.lost) >= n + (ps is not None), None
 
 

@@ -30,7 +30,7 @@ from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import load_config
-from hopbus.errors import ConfigError, RunFailure, RunStopped
+from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
@@ -99,6 +99,7 @@ class Node:
     """Node ``node`` of run ``run``. ``run_loop`` drives it from join to finish."""
 
     ps_id: int | None = None  # the parameter server's node id, in runs that have one
+    rejoin = False  # a replacement for a dead worker: it beats while still in the dead set
 
     def __init__(
         self,
@@ -224,7 +225,9 @@ class Node:
         self.control.register(endpoint)
         self.heartbeat = Heartbeat(
             self.control, self.heartbeat_s, stats=self.stats, patience_s=self.timeout
-        ).start()
+        )
+        self.heartbeat.may_be_dead = self.rejoin
+        self.heartbeat.start()
 
     def _link_delay(self) -> Callable[[int], float] | None:
         """How long the inbox holds a message from each sender: the run's emulated link
@@ -275,6 +278,8 @@ class Node:
             raise RunFailure(f"{self.who} lost Redis: {hb.error}")
         if hb is not None and hb.stopped is not None:
             raise RunStopped(f"{self.who} stopped with the run: {hb.stopped}")
+        if hb is not None and hb.declared_dead:
+            raise DeclaredDead(self.control.declared_dead_line())
 
     def _reconnect(self, exc: BaseException) -> None:
         """Redis went away (``exc``): try again with backoff until it answers, or fail after
@@ -354,14 +359,14 @@ class Node:
             raise RunFailure(f"{self.who}: {exc}") from None
 
     def publish_result(self, result: Mapping[str, Any], **event: Any) -> None:
-        """The result for the launcher's summary; the heartbeat becomes 'finished' (no TTL)."""
+        """The result for the launcher's summary; the heartbeat becomes 'finished' (no TTL).
+        Not from a process declared dead or replaced while it computed its last steps."""
         assert self.r is not None
-        self.control.publish_result(result)
         if self.heartbeat is not None:
             self.heartbeat.stop()
-            self.heartbeat.beat()
+            self.heartbeat.beat()  # the counters' last values
             self.heartbeat = None
-        self.r.set(self.keys.hb(self.node), FINISHED)  # finished, not dead: no TTL
+        self.control.publish_result(result, FINISHED)  # finished, not dead: no TTL
         self.control.event("finish", **event)
 
     def progress_fields(

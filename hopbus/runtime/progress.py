@@ -24,7 +24,9 @@ from hopbus.modes import Family, Mode
 from hopbus.summary import RunStats, progress_summary
 from hopbus.topology import GapSetting, Topology
 
-_INTS = ("worker", "iter", "jump", "dead", "rejoin")
+_INTS = ("worker", "iter", "jump", "dead", "rejoin", "restore")
+# entries that mark membership or a restart rather than a worker's step
+MARKERS = ("dead", "rejoin", "restore")
 _FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy")
 
 
@@ -92,13 +94,15 @@ class Replay:
         self.topo, self.setting = topo, setting
         self.monitor = GapMonitor(topo, setting)
         self.lost: list[dict[str, Any]] = []  # workers declared dead: worker, iteration, t
+        self.rejoined: list[dict[str, Any]] = []  # replacements that came in: the same fields
         self.stats = RunStats(topo.n)
         self.views = [WorkerView() for _ in range(topo.n)]
         self.target_loss = target_loss
         self.time_to_target: float | None = None
         self.entries = 0
-        self.out_of_order = 0  # entries whose iteration did not move forward (must stay 0)
+        self.out_of_order = 0  # entries that moved no live worker forward (must stay 0)
         self.wait_s = 0.0  # summed over every entry: time workers spent blocked
+        self._unrestored: set[int] | None = None  # after a broker restart: not yet restored
         if start:
             self.monitor.start_at(start)
             self.stats.start_at(start)
@@ -114,7 +118,12 @@ class Replay:
         if rec.get("dead") or rec.get("rejoin"):
             self._membership(rec, w, it, t)
             return rec
-        if it <= v.iteration:
+        if rec.get("restore"):
+            self._restored(w)
+            if it <= v.iteration:  # nothing of it was lost with the old stream
+                self._resynced()
+                return rec
+        if it <= v.iteration or w in self.monitor.gone:  # back, or still there after death
             self.out_of_order += 1
             return rec
         self.entries += 1
@@ -128,7 +137,23 @@ class Replay:
         if "eval_loss" in rec:
             v.eval_loss, v.eval_accuracy = rec["eval_loss"], rec.get("eval_accuracy")
             self._check_target(t)
+        if rec.get("restore"):
+            self._resynced()
         return rec
+
+    def _restored(self, w: int) -> None:
+        """A restore entry: Redis restarted empty, and entries the old stream held but this
+        reader had not read are gone. Until every live worker has said where it is, gaps are
+        not judged (a worker whose entries were lost would look behind where it is)."""
+        if self._unrestored is None:
+            self._unrestored = {i for i in range(self.topo.n) if i not in self.monitor.gone}
+            self.monitor.resyncing = True
+        self._unrestored.discard(w)
+
+    def _resynced(self) -> None:
+        if self._unrestored is not None and not self._unrestored:
+            self._unrestored = None
+            self.monitor.end_resync()
 
     def _membership(self, rec: dict[str, Any], w: int, it: int, t: float) -> None:
         """A worker declared dead (its gaps stop counting; the live workers are held to Table 1
@@ -140,9 +165,13 @@ class Replay:
             gone.add(w)
             self.monitor.remove(w, bounds_without(self.topo, self.setting, gone))
             self.lost.append({"worker": w, "iteration": it, "t": round(t, 6)})
+            if self._unrestored is not None:  # it will not restore
+                self._unrestored.discard(w)
+                self._resynced()
             return
         gone.discard(w)
         self.monitor.rejoin(w, it, bounds_without(self.topo, self.setting, gone))
+        self.rejoined.append({"worker": w, "iteration": it, "t": round(t, 6)})
         self.stats.restart(w, it, t)
         self.views[w].iteration, self.views[w].t = it, t
 
@@ -175,7 +204,8 @@ def summarize_run(
 ) -> dict[str, Any]:
     """The summary object (docs/summary.md) of a real run, from its replayed progress stream
     and every worker's final report."""
-    res = [results.get(i, {}) for i in range(topo.n)]
+    # one entry per worker, in worker order, named even when it never reported (a failed run)
+    res = [{"worker": i, **results.get(i, {})} for i in range(topo.n)]
 
     def total(name: str) -> int:
         return sum(int(r.get(name, 0)) for r in res)
@@ -218,6 +248,7 @@ def summarize_run(
         },
         "blocked": blocked,
         "lost_workers": replay.lost,
+        "rejoined_workers": replay.rejoined,
         "topology": topo.brief,
         "runtime_s": runtime_s,
         "final_loss": _mean([r.get("final_loss") for r in res]),

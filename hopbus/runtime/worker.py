@@ -18,6 +18,11 @@ After entering every --checkpoint-every'th iteration the worker saves a checkpoi
 momentum, minibatch position: hopbus/runtime/checkpoint.py); with --resume-from C it loads its
 checkpoint of C and the loop starts in iteration C.
 
+With --rejoin it replaces a dead worker of a backup or hybrid run (docs/faults.md): it joins
+(its in-neighbours send to it again), holds what they send, and enters the newest iteration
+``membership.rejoin_iteration`` allows with the parameters that came with it; one Lua call
+then rebuilds its token queues and makes it live again. The loop starts there.
+
 Every wait has a deadline (``timeout``) and ends, when it runs out, in one line naming what the
 worker waited for; a neighbour whose heartbeat is gone is reported as soon as that is seen.
 """
@@ -34,10 +39,10 @@ from typing import Any, TypeVar
 
 import redis
 
-from hopbus.coord.control import RunControl, StateLostError
+from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import RedisTokenQueues
-from hopbus.errors import ConfigError, RunFailure
+from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped
 from hopbus.modes import Mode
 from hopbus.protocol.effects import (
     Advance,
@@ -53,7 +58,7 @@ from hopbus.protocol.effects import (
     SendAcks,
     Start,
 )
-from hopbus.protocol.membership import live, survivable
+from hopbus.protocol.membership import live, rejoin_iteration, survivable
 from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.protocol.store import Outcome, Update
@@ -85,10 +90,13 @@ class Worker(Node):
         *,
         checkpoint_dir: str | Path | None = None,
         resume_from: int | None = None,
+        rejoin: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(run, worker, redis_url, **kw)
         self.worker = worker
+        self.rejoin = rejoin  # a replacement for this dead worker (hopbus worker --rejoin)
+        self._joined = False  # once begin_rejoin let it in: what to undo if it fails
         # checkpoints (hopbus/runtime/checkpoint.py): where, and the iteration to resume from
         self._ckpt_flag = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.resume_from = resume_from
@@ -97,6 +105,10 @@ class Worker(Node):
         self._floor: int | None = None  # to publish with the next Advance
         self._floors: dict[int, int] | None = None  # out-neighbours' floors, read at Advance
         self.dead: frozenset[int] = frozenset()  # the run's dead workers, as last read
+        self.joining: frozenset[int] = frozenset()  # dead ones whose replacement is joining
+        self._relink: set[int] = set()  # peers seen dead: check their endpoint before sending
+        # a replacement, until it rejoins: in-neighbour -> iteration -> payload of what it sent
+        self._held: dict[int, dict[int, Any]] | None = {} if rejoin else None
         self.iteration = 0  # the iteration this worker is in (entered), for _restore
         self._rebuild: set[int] = set()  # owners whose TokenQ(j->self) awaits a rebuild
         self._grace_until = 0.0  # after a restore: peers not back yet are not dead
@@ -105,6 +117,11 @@ class Worker(Node):
     # -- setting up -------------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, topo = self.cfg, self.topo
+        if self.rejoin and not cfg.mode.uses_backup:
+            raise RejoinFailed(
+                f"--rejoin: run {self.keys.run} is --mode {cfg.mode}, which stops when a worker "
+                "dies; only backup and hybrid runs go on without one and take a replacement"
+            )
         with warnings.catch_warnings():  # the launcher shows the run's warnings once
             warnings.simplefilter("ignore")
             specs = plan(cfg.protocol_settings(), topo)
@@ -135,6 +152,14 @@ class Worker(Node):
     # -- the receiver thread's side ---------------------------------------------------------------
     def _deliver(self, msg: Message) -> None:
         with self.cond:
+            if self._held is not None:  # a replacement, joining: hold, newest store_slots
+                if msg.kind == KIND_UPDATE:
+                    mine = self._held.setdefault(msg.src, {})
+                    mine[msg.iteration] = msg.payload
+                    if len(mine) > self.spec.store_slots:
+                        del mine[min(mine)]
+                self.cond.notify_all()
+                return
             if msg.kind == KIND_UPDATE:
                 if self.box.deliver_update(msg.src, msg.iteration, msg.payload) is Outcome.ACCEPTED:
                     self.counters["received"] += 1
@@ -180,10 +205,11 @@ class Worker(Node):
             fields["wait_s"] = round(fields["wait_s"] + waited, 6)
             owner = self._rebuild_tokens()
             if owner is None:
-                owner, self.dead = self.control.try_advance(
+                owner, dead = self.control.try_advance(
                     eff.start, eff.to, need, eff.put_to, fields, floor=self._floor,
                     floors_of=floors_of,
                 )  # fmt: skip
+                self._set_dead(dead, self.control.joining)
             if owner is None:
                 self._floor = None
                 self._floors = self.control.floors if floors_of else None
@@ -191,6 +217,7 @@ class Worker(Node):
             fields["blocked_on"] = [owner]
             t0 = time.monotonic()
             while True:
+                self._check_threads()  # before taking any token
                 if owner in self._rebuild:  # after a restore: its counter is not back yet
                     if self._rebuild_tokens() is None:
                         break  # rebuilt: try again, having taken nothing
@@ -199,7 +226,6 @@ class Worker(Node):
                     need[owner] -= 1
                     break
                 spent = time.monotonic() - t0
-                self._check_threads()
                 if self._check_alive([owner], f"a token to enter iteration {eff.to}"):
                     break  # declared dead: its queue no longer binds
                 if spent > self.timeout:
@@ -219,7 +245,7 @@ class Worker(Node):
         declared = [j for j in dead if self.control.declare_dead(j)]
         if not declared and time.monotonic() < self._grace_until:
             return False
-        self.dead = self.control.dead()
+        self._set_dead(self.control.dead(), self.joining)
         reason = survivable(self.spec.settings, self.topo, self.dead)
         if reason is None:
             return True
@@ -228,6 +254,8 @@ class Worker(Node):
     def _drive(self) -> dict[str, Any]:
         s, t, ctl = self.spec, self.trainer, self.control
         assert self.outbox is not None
+        if self.rejoin:
+            self._join()
         gen = worker_loop(s, start=self.start_at)
         self._cpu0 = time.process_time()
         self._compute_total = 0.0
@@ -239,12 +267,7 @@ class Worker(Node):
             value = None
             kind = type(eff)
             if kind is Send:
-                to = live(eff.to, self.dead) if self.dead else eff.to
-                if to:
-                    frames = encode_update(self.keys.run, self.worker, eff.iteration, t.params)
-                    self.send(to, frames)
-                self.counters["messages"] += len(to)
-                self.counters["sends_skipped"] += len(s.out_peers) - len(to)
+                self._send_update(eff)
             elif kind is Compute:
                 spent, _ = t.gradient(eff.iteration)
                 compute_s += spent
@@ -283,14 +306,173 @@ class Worker(Node):
                     self.send(eff.to, encode_ack(self.keys.run, self.worker, eff.iteration))
                 self.counters["acks"] += len(eff.to)
             elif kind is Start:
-                ctl.start(eff.put_to, eff.count, at=eff.at)
-                ctl.event("start", endpoint=self.endpoint)
+                if not self.rejoin:  # a replacement's commit_rejoin did it, differently
+                    ctl.start(eff.put_to, eff.count, at=eff.at)
+                    ctl.event("start", endpoint=self.endpoint)
                 self.iteration = eff.at
                 self._started = True
             elif kind is Finish:
                 return self._with_redis(lambda: self._finish(eff.iterations))  # noqa: B023
             else:  # pragma: no cover - a new effect without a driver is a bug
                 raise AssertionError(f"no driver for {eff!r}")
+
+    def _send_update(self, eff: Send) -> None:
+        """Send this iteration's parameters to the live targets. A replacement still joining
+        is offered them without waiting (no token bounds what it is sent, and it may die
+        while joining): a full queue skips it."""
+        skip = self.dead - self.joining
+        to = live(eff.to, skip) if skip else eff.to
+        self._relink_to(to)
+        joiners = [j for j in to if j in self.joining]
+        full: list[int] = []
+        if to:
+            frames = encode_update(self.keys.run, self.worker, eff.iteration, self.trainer.params)
+            bound = [j for j in to if j not in self.joining]
+            if bound:
+                self.send(bound, frames)
+            if joiners:
+                assert self.outbox is not None
+                full = self.outbox.offer(joiners, frames)
+        self.counters["messages"] += len(to) - len(full)
+        self.counters["sends_skipped"] += len(self.spec.out_peers) - len(to) + len(full)
+
+    # -- dead workers and their replacements (docs/faults.md) -------------------------------------
+    def _set_dead(self, dead: frozenset[int], joining: frozenset[int]) -> None:
+        """The run's dead set and joining set as just read. A peer seen dead may come back as
+        a replacement at another address: its endpoint is looked up before the next send
+        (``_relink_to`` looks up joiners' at every send)."""
+        # check again: seen dead, or back for good
+        self._relink |= (dead - joining) | (self.joining - dead)
+        self.dead, self.joining = dead, joining
+
+    def _relink_to(self, peers: Sequence[int]) -> None:
+        # a joiner's endpoint is read before every send: one that died while joining may have
+        # been followed by another at a new address without this worker seeing a gap
+        stale = (self._relink | self.joining).intersection(peers)
+        if not stale:
+            return
+        assert self.outbox is not None
+        try:
+            found = self.control.endpoints(sorted(stale))
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # Redis is away: the endpoints known stay, and are looked up next time
+        for j, endpoint in found.items():
+            if endpoint is not None and endpoint != self.outbox.endpoints.get(j):
+                self.outbox.replace(j, endpoint)
+                log(f"{self.who}: sending to worker {j}'s replacement at {endpoint}")
+        self._relink -= stale
+
+    def _announce(self, endpoint: str) -> None:
+        """A replacement announces itself first: refused unless its id is dead (docs/faults.md)."""
+        if self.rejoin:
+            why = self.control.begin_rejoin(endpoint, Heartbeat.ttl_ms_for(self.heartbeat_s))
+            if why is not None:
+                raise RejoinFailed(
+                    f"--rejoin: worker {self.worker} of run {self.keys.run} cannot be replaced: "
+                    f"{why}"
+                )
+            self._joined = True
+        super()._announce(endpoint)
+
+    def _join(self) -> None:
+        """A replacement, announced: wait until an iteration to enter is found among what the
+        in-neighbours sent (membership.rejoin_iteration) and commit_rejoin takes it, up to
+        --timeout; then take that update's parameters and start there. Whatever goes wrong
+        before it is in is this process's failure, not the run's (RejoinFailed)."""
+        run = self.keys.run
+        try:
+            self._find_and_commit()
+        except (RejoinFailed, RunStopped):
+            raise
+        except DeclaredDead:
+            raise RejoinFailed(
+                f"--rejoin: worker {self.worker} lost its place while joining run {run} (its "
+                "heartbeat lapsed, another replacement took the id, or Redis restarted); start "
+                "it again"
+            ) from None
+        except RunFailure as exc:
+            raise RejoinFailed(f"--rejoin: {exc}") from None
+        except redis.RedisError as exc:
+            raise RejoinFailed(
+                f"--rejoin: worker {self.worker} lost Redis while joining run {run} ({exc}); "
+                "start it again once Redis is back"
+            ) from None
+
+    def _find_and_commit(self) -> None:
+        s, ctl = self.spec, self.control
+        max_ig = s.settings.max_ig
+        t0 = time.monotonic()
+        self.faults.while_joining()
+        while True:
+            self._check_threads()
+            dead = ctl.dead() - {self.worker}
+            ins, outs = live(s.in_peers, dead), live(s.out_peers, dead)
+            if len(ins) < s.policy.need:
+                raise RejoinFailed(
+                    f"--rejoin: worker {self.worker} needs updates from {s.policy.need} "
+                    f"in-neighbours, but only {len(ins)} are alive ({', '.join(map(str, ins))})"
+                )
+            found = ctl.iterations([*ins, *outs])
+            iters = {j: it for j, it in found.items() if it is not None}
+            with self.cond:  # what arrived so far (payloads by reference)
+                assert self._held is not None
+                held = {j: dict(its) for j, its in self._held.items() if j in ins}
+            k, why = rejoin_iteration(
+                {j: its.keys() for j, its in held.items()},
+                {j: iters[j] for j in ins if j in iters},
+                {m: iters[m] for m in outs if m in iters},
+                need=s.policy.need,
+                max_ig=max_ig,
+            )
+            if len(iters) < len(found):  # a restarted Redis: wait for them to put it back
+                k, why = None, "a neighbour's counter is not in Redis"
+            if k is not None:
+                # every neighbour: one that rejoined since ``dead`` was read needs its queues too
+                why = ctl.commit_rejoin(k, s.in_peers, s.out_peers, max_ig) or ""
+                if not why:
+                    assert self.heartbeat is not None
+                    self.heartbeat.may_be_dead = False  # live again: a later death is real
+                    break
+            if time.monotonic() - t0 > self.timeout:
+                raise RejoinFailed(
+                    f"--rejoin: worker {self.worker} found no iteration to rejoin run "
+                    f"{self.keys.run} in within {self.timeout:g} s: {why}"
+                )
+            with self.cond:
+                self.cond.wait(LOOK_S)  # woken by every update that arrives
+        self._enter_at(k, held, dead)
+
+    def _enter_at(self, k: int, held: dict[int, dict[int, Any]], dead: frozenset[int]) -> None:
+        """Rejoined in iteration ``k``: a mailbox starting there with every held update of k or
+        later in it, and the parameters of the lowest-numbered in-neighbour's update of k
+        (``held``: what it chose from)."""
+        src = min(j for j, its in held.items() if k in its)
+        with self.cond:
+            assert self._held is not None
+            self.box = self.spec.new_mailbox(k)
+            for j, updates in self._held.items():
+                for it in sorted(updates):
+                    if it >= k and self.box.deliver_update(j, it, updates[it]) is Outcome.ACCEPTED:
+                        self.counters["received"] += 1
+            self._held = None
+        self.trainer.adopt(held[src][k])
+        self.start_at = k
+        self._started = True  # its counter is in Redis again
+        self._set_dead(dead, frozenset())
+        log(
+            f"{self.who}: rejoined run {self.keys.run} in iteration {k} with worker {src}'s "
+            "parameters"
+        )
+
+    def close(self) -> None:
+        """A replacement that did not get in leaves the joining set, so a next one may try
+        (its heartbeat stopped first: a last beat must not bring the key back)."""
+        if self._joined and not self._started:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            with contextlib.suppress(redis.RedisError):
+                self.control.abort_rejoin()
+        super().close()
 
     # -- a restarted broker (docs/faults.md) ------------------------------------------------------
     def _with_redis(self, op: Callable[[], T], advancing: Advance | None = None) -> T | None:
@@ -309,10 +491,18 @@ class Worker(Node):
 
     def _check_threads(self) -> None:
         """Also, while waiting: has a restarted Redis lost this worker's counter? Then the
-        peers it waits for may be waiting for it to put its state back."""
+        peers it waits for may be waiting for it to put its state back. And is this process
+        still the worker (not declared dead, not outdated by a replacement)? Asked before every
+        wait for a token, so a process that wakes from a freeze takes none of a replacement's:
+        its heartbeat thread may not have looked yet."""
         super()._check_threads()
-        if self._started and not self.r.exists(self.keys.iter(self.worker)):
+        if not self._started:
+            return
+        counter, current = self.control.standing()
+        if not counter:
             raise StateLostError("Redis lost this worker's counter")
+        if not current:
+            raise DeclaredDead(self.control.declared_dead_line())
 
     def _restore(self, advancing: Advance | None) -> bool:
         """After reconnecting: whether ``advancing`` went through; and if Redis lost this

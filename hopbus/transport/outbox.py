@@ -43,29 +43,42 @@ class Outbox:
         send_timeout_s: float,
         curve: CurveKeys | None = None,
     ) -> None:
-        self.endpoints = dict(endpoints)
+        self.endpoints: dict[int, str] = {}
         self.curve = curve is not None
+        self._ctx, self._hwm, self._curve = ctx, hwm, curve
+        self._timeout_ms = max(0, round(send_timeout_s * 1000))
         self._socks: dict[int, zmq.Socket] = {}
-        timeout_ms = max(0, round(send_timeout_s * 1000))
         try:
-            for peer, endpoint in self.endpoints.items():
-                sock = ctx.socket(zmq.PUSH)
-                self._socks[peer] = sock
-                sock.setsockopt(zmq.SNDHWM, hwm)
-                sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
-                if curve is not None:
-                    sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_public)
-                    sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.client_public)
-                    sock.setsockopt(zmq.CURVE_SECRETKEY, curve.client_secret)
-                try:
-                    sock.connect(endpoint)
-                except zmq.ZMQError as exc:
-                    raise TransportError(
-                        f"peer {peer}: cannot connect to {endpoint}: {exc.strerror}"
-                    ) from None
+            for peer, endpoint in endpoints.items():
+                self._connect(peer, endpoint)
         except BaseException:
             self.close(0)
             raise
+
+    def _connect(self, peer: int, endpoint: str) -> None:
+        sock = self._ctx.socket(zmq.PUSH)
+        self._socks[peer] = sock
+        self.endpoints[peer] = endpoint
+        sock.setsockopt(zmq.SNDHWM, self._hwm)
+        sock.setsockopt(zmq.SNDTIMEO, self._timeout_ms)
+        if self._curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.client_secret)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise TransportError(
+                f"peer {peer}: cannot connect to {endpoint}: {exc.strerror}"
+            ) from None
+
+    def replace(self, peer: int, endpoint: str) -> None:
+        """Point ``peer``'s socket at ``endpoint`` (a replacement of a dead peer, started
+        elsewhere): what was queued for the old process is dropped, not delivered."""
+        old = self._socks.pop(peer, None)
+        if old is not None:
+            old.close(linger=0)
+        self._connect(peer, endpoint)
 
     def send(self, to: Iterable[int], frames: list) -> None:
         """Send the same message to every peer in ``to``.
@@ -78,19 +91,39 @@ class Outbox:
         Peers are served in order; if one blocks past the timeout, those before it have the
         message and those after it do not (the error names the one that blocked).
         """
-        parts = [f if isinstance(f, zmq.Frame) else zmq.Frame(f) for f in frames]
+        parts = self._frames(frames)
         for peer in to:
-            sock = self._socks.get(peer)
-            if sock is None:
-                raise TransportError(f"peer {peer}: no endpoint known")
             try:
-                sock.send_multipart(parts, copy=False)
+                self._sock(peer).send_multipart(parts, copy=False)
             except zmq.Again:
                 keys = "; with --curve, does it hold the same key set?" if self.curve else ""
                 raise TransportError(
                     f"peer {peer}: send to {self.endpoints[peer]} blocked past its timeout "
                     f"(peer down or not draining its inbox{keys})"
                 ) from None
+
+    def offer(self, to: Iterable[int], frames: list) -> list[int]:
+        """Send without waiting: to peers the protocol does not bound yet (a replacement still
+        joining), whose queue may fill if they die. Returns the peers whose queue was full
+        (the message was not sent to them)."""
+        parts = self._frames(frames)
+        full = []
+        for peer in to:
+            try:
+                self._sock(peer).send_multipart(parts, copy=False, flags=zmq.DONTWAIT)
+            except zmq.Again:
+                full.append(peer)
+        return full
+
+    @staticmethod
+    def _frames(frames: list) -> list[zmq.Frame]:
+        return [f if isinstance(f, zmq.Frame) else zmq.Frame(f) for f in frames]
+
+    def _sock(self, peer: int) -> zmq.Socket:
+        sock = self._socks.get(peer)
+        if sock is None:
+            raise TransportError(f"peer {peer}: no endpoint known")
+        return sock
 
     def close(self, linger_s: float = 1.0) -> None:
         """Close every socket, letting queued messages drain for up to ``linger_s``."""

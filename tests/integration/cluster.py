@@ -9,9 +9,29 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _ids = itertools.count()
+
+
+class Collector:
+    """An on_message callback that records messages and lets a test wait for a condition
+    (up to 20 s: the deadline only decides how long a broken build takes to fail)."""
+
+    def __init__(self) -> None:
+        self.messages: list = []
+        self._cond = threading.Condition()
+
+    def __call__(self, msg) -> None:
+        with self._cond:
+            self.messages.append(msg)
+            self._cond.notify_all()
+
+    def wait_for(self, pred: Callable[[list], bool]) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: pred(self.messages), 20.0), "timed out"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -20,9 +40,27 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def hopbus_args(*args: str) -> list[str]:
+    """The command line of ``python -m hopbus ARGS``, with this interpreter."""
+    return [sys.executable, "-m", "hopbus", *args]
+
+
+def hopbus(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    """``python -m hopbus ARGS`` to its end, output captured (a short command: create, a
+    refused worker, inspect)."""
+    return subprocess.run(
+        hopbus_args(*args),
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
 def train_args(redis_url: str, out: Path, *flags: str) -> tuple[list[str], str]:
     run = f"t{os.getpid()}-{next(_ids)}"
-    args = [sys.executable, "-m", "hopbus", "train", "--redis", redis_url, "--run", run]
+    args = hopbus_args("train", "--redis", redis_url, "--run", run)
     return [*args, "--out", str(out), "--json", *flags], run
 
 

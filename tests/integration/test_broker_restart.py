@@ -12,7 +12,7 @@ import time
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train_args, wait_iteration
+from cluster import clean_env, hopbus_args, processes_mentioning, train_args, wait_iteration
 
 from hopbus.coord.broker import EmbeddedRedis
 from hopbus.coord.keys import RunKeys
@@ -30,17 +30,22 @@ def broker():
 
 @pytest.mark.parametrize("mode", ["standard", "backup"])
 def test_a_restarted_redis_is_ridden_out(broker, tmp_path, mode):
+    """By the workers, by ``hopbus train``, and by a ``hopbus watch`` following the same run
+    (as compose's watch service does)."""
     args, run = train_args(broker.url, tmp_path / "run", *FLAGS, "--mode", mode)
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
-    )
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(args, **popen, env=clean_env())
     keys = RunKeys(run)
     with redis.Redis.from_url(broker.url) as client:
+        wait_iteration(client, keys, 0, 1)
+        watch_args = ["--run", run, "--redis", broker.url, "--out", str(tmp_path / "w"), "--json"]
+        watch = subprocess.Popen(hopbus_args("watch", *watch_args), **popen, env=clean_env())
         wait_iteration(client, keys, 0, 50)
     broker.proc.send_signal(signal.SIGKILL)  # everything the run had in Redis is gone
     broker.proc.wait()
     broker.restart()
     out, err = proc.communicate(timeout=180)
+    watch_out, watch_err = watch.communicate(timeout=60)
     assert proc.returncode == 0, err
     s = json.loads(out)
     assert s["finished"] and s["final_accuracy"] >= 0.9
@@ -49,6 +54,12 @@ def test_a_restarted_redis_is_ridden_out(broker, tmp_path, mode):
     assert all(w["iterations"] == 200 for w in s["per_worker"])
     assert sum(w.get("broker_restores", 0) for w in s["per_worker"]) == 4
     assert "Redis is back" in err
+    with redis.Redis.from_url(broker.url) as client:  # where each was, for readers that lost
+        stream = client.xrange(keys.progress)  # entries with the old stream
+    assert sorted(int(f[b"worker"]) for _, f in stream if f.get(b"restore")) == [0, 1, 2, 3]
+    assert watch.returncode == 0, watch_err
+    w = json.loads(watch_out)
+    assert w["finished"] and w["violations"] == 0, watch_err  # (it may not even notice)
     assert not processes_mentioning(run)
 
 
@@ -70,3 +81,8 @@ def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path):
     assert last.startswith(f"hopbus: error: run {run}")
     assert "lost Redis" in last and "Traceback" not in err
     assert not processes_mentioning(run)
+    # what the progress stream showed before Redis went is kept: metrics and a summary
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert not s["finished"] and "did not come back" in s["failure"]
+    assert s["iterations"]["max"] >= 30
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 30

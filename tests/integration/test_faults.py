@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train_args, wait_iteration
+from cluster import clean_env, hopbus, processes_mentioning, train_args, wait_iteration
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.progress import parse_entry
@@ -110,8 +110,7 @@ def _start_workers(redis_url: str, mode_flags: list[str]) -> tuple[str, list[sub
     """``hopbus create`` and N ``hopbus worker`` processes: no launcher watches them."""
     run = f"faults{os.getpid()}-{mode_flags[1]}"
     env = clean_env()
-    create = _hopbus("create", "--run", run, "--redis", redis_url, *FLAGS, *mode_flags)
-    p = subprocess.run(create, capture_output=True, text=True, env=env, timeout=60, check=False)
+    p = hopbus("create", "--run", run, "--redis", redis_url, *FLAGS, *mode_flags)
     assert p.returncode == 0, p.stderr
     procs = [
         subprocess.Popen(

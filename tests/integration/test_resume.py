@@ -8,10 +8,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import redis
-from cluster import clean_env, processes_mentioning, train_args, wait_for
+from cluster import clean_env, hopbus, processes_mentioning, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
@@ -57,14 +56,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert not (out / "summary.json").exists()
     assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"running"
 
-    p = subprocess.run(
-        [sys.executable, "-m", "hopbus", "train", "--resume", str(out), "--redis", redis_url],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        timeout=240,
-        check=False,
-    )
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=240)
     assert p.returncode == 0, p.stderr
     assert (
         f"hopbus: resuming run {run} from iteration {c} (checkpoint set of {WORKERS} workers)"

@@ -10,12 +10,12 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
+from cluster import Collector, wait_for
 from zmq.utils.monitor import recv_monitor_message
 
 from hopbus.transport import (
@@ -48,40 +48,6 @@ def snapshot(iteration: int = 0) -> Params:
 
 
 LAYOUT = layout_of(snapshot())
-
-
-class Collector:
-    """An on_message callback that records messages and lets a test wait for a condition."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, msg: Message) -> None:
-        with self._cond:
-            self.messages.append(msg)
-            self._cond.notify_all()
-
-    def wait_for(self, pred: Callable[[list[Message]], bool]) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: pred(self.messages), DEADLINE_S), "timed out"
-
-
-def wait_until(pred: Callable[[], bool]) -> None:
-    """For conditions no callback signals (drop counters, thread exit): re-check until a
-    deadline."""
-    end = time.monotonic() + DEADLINE_S
-    tick = threading.Event()
-    while not pred():
-        assert time.monotonic() < end, "timed out"
-        tick.wait(0.005)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def inbox_for(
@@ -151,7 +117,7 @@ def test_a_slow_link_holds_its_messages_and_keeps_their_order(ctx):
         sent = time.monotonic()
         for k in range(3):
             slow.send([3], encode_update(RUN, 1, k, snapshot(k)))
-        wait_until(lambda: inbox.received == 3)  # arrived, and held
+        wait_for(lambda: inbox.received == 3, DEADLINE_S, "3 arrivals")  # and held
         fast.send([3], encode_update(RUN, 2, 0, snapshot(0)))
         got.wait_for(lambda ms: len(ms) == 4)
         order = [(m.src, m.iteration) for m in got.messages]
@@ -237,7 +203,7 @@ def test_bad_frames_are_counted_and_never_cost_a_valid_update(ctx):
         for _, frames in mix:
             hostile.send_multipart(frames, copy=False)
         got.wait_for(lambda ms: len(ms) == len(valid))
-        wait_until(lambda: sum(inbox.drops().values()) == 1000)
+        wait_for(lambda: sum(inbox.drops().values()) == 1000, DEADLINE_S, "1000 drops")
         assert inbox.drops() == expected
         assert sorted(m.iteration for m in got.messages) == list(range(200))
         for m in got.messages:
@@ -290,7 +256,7 @@ def test_a_callback_exception_stops_the_inbox_and_is_kept_for_the_owner(ctx):
     try:
         out.send([2], encode_update(RUN, 1, 0, snapshot()))
         assert failed.wait(DEADLINE_S)
-        wait_until(lambda: not inbox.running)
+        wait_for(lambda: not inbox.running, DEADLINE_S, "the inbox thread to exit")
         with pytest.raises(RuntimeError, match="bug in the owner"):
             inbox.check()
     finally:
@@ -340,3 +306,26 @@ def test_a_send_blocked_past_its_timeout_names_the_peer(ctx):
             out.send([9], encode_ack(RUN, 0, 0))
     finally:
         out.close(linger_s=0)
+
+
+def test_an_offer_to_a_full_queue_skips_the_peer_at_once_and_replace_reaches_the_new_one(ctx):
+    """A replacement that died while joining must not block its senders (offer), and its
+    successor at a new address gets what is sent from then on, not the old queue (replace)."""
+    with socket.socket() as s:  # the dead joiner's port: nobody behind it
+        s.bind(("127.0.0.1", 0))
+        gone = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    out = Outbox(ctx, {3: gone}, hwm=2, send_timeout_s=30)  # a blocking send would take 30 s
+    inbox, got = inbox_for(ctx, 3, update_from=[0])
+    try:
+        t0 = time.monotonic()
+        skipped = [out.offer([3], encode_update(RUN, 0, k, snapshot(k))) for k in range(20)]
+        assert time.monotonic() - t0 < 5  # never waited for the send timeout
+        assert skipped[-1] == [3] and sum(map(len, skipped)) >= 20 - 4  # about the mark queued
+        out.replace(3, inbox.endpoint)
+        assert out.endpoints[3] == inbox.endpoint
+        assert out.offer([3], encode_update(RUN, 0, 100, snapshot(100))) == []
+        got.wait_for(lambda ms: len(ms) == 1)
+        assert got.messages[0].iteration == 100  # nothing queued for the dead one came along
+    finally:
+        out.close(linger_s=0)
+        inbox.close()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hopbus.gaps import GapMonitor
 from hopbus.modes import Mode
-from hopbus.protocol.membership import bounds_without, live, survivable
+from hopbus.protocol.membership import bounds_without, live, rejoin_iteration, survivable
 from hopbus.protocol.spec import ProtocolSettings
 from hopbus.topology import Topology
 
@@ -89,3 +89,64 @@ def test_removing_a_worker_that_is_behind_clears_its_violation():
         m.remove(w, bounds_without(topo, setting, {1, 2, 3} & set(range(w + 1))))
     m.enter(0, 3)
     assert m.violations == before  # nothing left to be over against
+
+
+# -- a replacement's iteration (rejoin_iteration) -------------------------------------------
+
+
+def test_rejoins_in_the_newest_iteration_enough_neighbours_send():
+    held = {1: (40, 41, 42), 2: (41,)}
+    # 2 is at 43 and never sent 42: with need 2, 42 has only worker 1; 41 has both
+    k, why = rejoin_iteration(held, {1: 42, 2: 43}, {4: 41}, need=2, max_ig=5)
+    assert (k, why) == (41, "")
+    # a neighbour still below k sends k when it gets there
+    k, _ = rejoin_iteration(held, {1: 42, 2: 40}, {4: 41}, need=2, max_ig=5)
+    assert k == 42
+
+
+def test_no_update_yet():
+    assert rejoin_iteration({}, {1: 3}, {}, need=1, max_ig=2) == (
+        None,
+        "no update from its in-neighbours yet",
+    )
+
+
+def test_an_out_neighbour_far_behind_caps_the_iteration():
+    held = {1: (30, 31, 32)}
+    k, _ = rejoin_iteration(held, {1: 32}, {5: 26}, need=1, max_ig=5)
+    assert k == 31  # 32 would leave TokenQ(5->self) at 5 + 26 - 32 = -1
+    k, why = rejoin_iteration({1: (32,)}, {1: 32}, {5: 20}, need=1, max_ig=5)
+    assert k is None and "out-neighbour 5 is in iteration 20" in why
+
+
+def test_an_in_neighbour_far_ahead_rules_out_old_updates():
+    k, why = rejoin_iteration({1: (10,)}, {1: 10, 2: 17}, {}, need=1, max_ig=5)
+    assert k is None and "in-neighbour 2 is in iteration 17" in why
+
+
+@given(
+    st.dictionaries(st.integers(0, 3), st.sets(st.integers(0, 30), max_size=5), max_size=4),
+    st.dictionaries(st.integers(0, 3), st.integers(0, 30), min_size=1, max_size=4),
+    st.dictionaries(st.integers(4, 7), st.integers(0, 30), max_size=4),
+    st.integers(1, 3),
+    st.integers(1, 6),
+)
+def test_a_chosen_iteration_keeps_every_queue_non_negative_and_is_coming(
+    held, ins, outs, need, max_ig
+):
+    held = {j: its for j, its in held.items() if j in ins}
+    k, why = rejoin_iteration(held, ins, outs, need=need, max_ig=max_ig)
+    if k is None:
+        assert why
+        return
+    assert any(k in its for its in held.values())
+    assert all(max_ig + k - it >= 0 for it in ins.values())  # TokenQ(self->j)
+    assert all(max_ig + it - k >= 0 for it in outs.values())  # TokenQ(m->self)
+    assert sum(1 for j, it in ins.items() if k in held.get(j, ()) or it < k) >= need
+    newer = [x for its in held.values() for x in its if x > k]
+    for x in newer:  # nothing newer would have done
+        coming = sum(1 for j, it in ins.items() if x in held.get(j, ()) or it < x)
+        fits = all(max_ig + x - it >= 0 for it in ins.values()) and all(
+            max_ig + it - x >= 0 for it in outs.values()
+        )
+        assert not (fits and coming >= need)

@@ -13,9 +13,10 @@ from hopbus.protocol.spec import ProtocolSettings, plan
 from hopbus.protocol.worker import worker_loop
 
 
-def drive(spec, answer, limit=200):
-    """Run ``worker_loop(spec)`` recording effect types; ``answer(effect)`` gives the result."""
-    gen = worker_loop(spec)
+def drive(spec, answer, limit=200, start=0):
+    """Run ``worker_loop(spec, start=start)`` recording effect types; ``answer(effect)`` gives
+    the result."""
+    gen = worker_loop(spec, start=start)
     seen = []
     value = None
     for _ in range(limit):
@@ -211,15 +212,7 @@ def resumed(spec, start):
             return req.take(box)
         return base(eff)
 
-    gen = worker_loop(spec, start=start)
-    seen, value = [], None
-    while True:
-        try:
-            eff = gen.send(value)
-        except StopIteration:
-            return seen
-        seen.append(eff)
-        value = answer(eff)
+    return drive(spec, answer, start=start)
 
 
 @pytest.mark.parametrize("mode", [Mode.STANDARD, Mode.NOTIFY_ACK, Mode.STALENESS])

@@ -1,0 +1,159 @@
+"""The control plane's rules for a worker declared dead, against a real redis-server: it can
+neither enter an iteration nor keep its heartbeat, unless it is a replacement still joining."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from hopbus.coord.control import Heartbeat, RunControl
+from hopbus.coord.keys import RunKeys
+from hopbus.errors import DeclaredDead
+
+
+@pytest.fixture
+def run(redis_client) -> tuple[RunKeys, RunControl, RunControl]:
+    """Workers 0 and 1 of a fresh run, 0 declared dead by 1 while its counter is at 3."""
+    keys = RunKeys(f"ctl{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    zero, one = RunControl(redis_client, keys, 0), RunControl(redis_client, keys, 1)
+    zero.start(put_to=[1], count=2, at=3)
+    one.start(put_to=[0], count=2, at=3)
+    assert one.declare_dead(0)  # no heartbeat: dead at once
+    return keys, zero, one
+
+
+def test_a_dead_worker_cannot_enter_an_iteration(redis_client, run):
+    keys, zero, one = run
+    before = redis_client.xlen(keys.progress)
+    with pytest.raises(DeclaredDead, match=f"worker 0 of run {keys.run} was declared dead"):
+        zero.try_advance(3, 4, {1: 1}, [1], {"loss": 1.0})
+    assert redis_client.get(keys.iter(0)) == b"3"
+    assert redis_client.llen(keys.tok(1, 0)) == 2  # nothing taken
+    assert redis_client.xlen(keys.progress) == before  # nothing written
+    owner, dead = one.try_advance(3, 4, {0: 1}, [0], {"loss": 1.0})  # a live one goes on
+    assert owner is None and dead == {0}
+
+
+def test_a_dead_workers_heartbeat_does_not_come_back(redis_client, run):
+    keys, zero, _ = run
+    hb = Heartbeat(zero, 1.0)
+    hb.beat()
+    assert hb.declared_dead and not redis_client.exists(keys.hb(0))
+
+
+def test_a_replacement_beats_while_still_dead_and_joining(redis_client, run):
+    keys, _, _ = run
+    rep = RunControl(redis_client, keys, 0)
+    assert rep.begin_rejoin("tcp://127.0.0.1:1", 1000) is None
+    hb = Heartbeat(rep, 1.0)
+    hb.may_be_dead = True
+    hb.beat()
+    assert not hb.declared_dead and redis_client.exists(keys.hb(0))
+    assert 0 < redis_client.pttl(keys.hb(0)) <= 1000
+    redis_client.srem(keys.joining, 0)  # what an Advance does once its heartbeat lapsed
+    hb.beat()
+    assert hb.declared_dead
+
+
+def test_a_live_worker_beats_and_hears_the_stop(redis_client, run):
+    keys, _, one = run
+    hb = Heartbeat(one, 2.0)
+    hb.beat()
+    assert not hb.declared_dead and hb.stopped is None
+    assert 1000 < redis_client.pttl(keys.hb(1)) <= 2000
+    one.stop_run("worker 0 died")
+    hb.beat()
+    assert hb.stopped == "worker 0 died"
+
+
+def _replace(redis_client, keys: RunKeys, worker: int) -> RunControl:
+    """A replacement for dead ``worker``, joined and committed at its neighbours' iteration."""
+    rep = RunControl(redis_client, keys, worker)
+    assert rep.begin_rejoin("tcp://127.0.0.1:1", 1000) is None
+    assert rep.incarnation == 1
+    assert rep.commit_rejoin(3, [1], [1], max_ig=2) is None
+    return rep
+
+
+def test_the_process_a_replacement_outdated_can_neither_advance_nor_beat(redis_client, run):
+    keys, zero, _ = run
+    rep = _replace(redis_client, keys, 0)
+    assert not redis_client.sismember(keys.dead, 0)  # out of the dead set: only the
+    with pytest.raises(DeclaredDead):  # incarnation tells the old process apart
+        zero.try_advance(3, 4, {1: 1}, [1], {"loss": 1.0})
+    old = Heartbeat(zero, 1.0)
+    old.beat()
+    assert old.declared_dead
+    assert zero.standing() == (True, False) and rep.standing() == (True, True)
+    assert rep.try_advance(3, 4, {1: 1}, [1], {"loss": 1.0}) == (None, frozenset())
+    new = Heartbeat(rep, 1.0)
+    new.beat()
+    assert not new.declared_dead
+
+
+def test_an_outdated_joiner_cannot_commit_nor_undo_the_next_one(redis_client, run):
+    keys, _, _ = run
+    first = RunControl(redis_client, keys, 0)
+    assert first.begin_rejoin("tcp://127.0.0.1:1", 1000) is None
+    redis_client.delete(keys.hb(0))  # its heartbeat lapsed
+    second = RunControl(redis_client, keys, 0)
+    assert second.begin_rejoin("tcp://127.0.0.1:2", 1000) is None
+    assert second.incarnation == 2
+    assert first.commit_rejoin(3, [1], [1], max_ig=2) == "another replacement took its place"
+    first.abort_rejoin()
+    assert redis_client.sismember(keys.joining, 0) and redis_client.exists(keys.hb(0))
+    hb = Heartbeat(first, 1.0)
+    hb.may_be_dead = True
+    hb.beat()
+    assert hb.declared_dead
+    assert second.commit_rejoin(3, [1], [1], max_ig=2) is None
+
+
+def test_a_restore_after_a_rejoin_keeps_the_replacement_alive(redis_client, run):
+    """Redis restarted empty after a replacement came in: a survivor whose last view still
+    had worker 0 dead must not put it back in the dead set once 0 is back, in either order."""
+    keys, _, one = run
+    rep = _replace(redis_client, keys, 0)
+    for first, second in ((rep, one), (one, rep)):
+        for key in (keys.dead, keys.incarnation, keys.iter(0), keys.iter(1), keys.hb(0)):
+            redis_client.delete(key)  # what a restart without persistence loses
+        for ctl in (first, second):
+            dead = [0] if ctl is one else []
+            ctl.restore(3, heartbeat_ms=1000, endpoint="tcp://x:1", config="{}", dead=dead)
+        assert redis_client.hget(keys.incarnation, 0) == b"1"
+        assert not redis_client.sismember(keys.dead, 0)  # (one, rep): 0 took itself out
+
+
+@pytest.mark.parametrize("woke", [False, True])
+def test_a_restore_puts_back_a_dead_worker_that_was_not_replaced(redis_client, run, woke):
+    """Even if, frozen and declared dead, it woke during the restart and restored first."""
+    keys, zero, one = run
+    for key in (keys.dead, keys.iter(0), keys.iter(1), keys.hb(0)):
+        redis_client.delete(key)
+    if woke:
+        zero.restore(3, heartbeat_ms=1000, endpoint="tcp://x:0", config="{}", dead=[])
+    one.restore(3, heartbeat_ms=1000, endpoint="tcp://x:1", config="{}", dead=[0])
+    assert redis_client.sismember(keys.dead, 0)
+    assert zero.standing()[1] is False  # dead again: it leaves at its next look
+
+
+def test_a_dead_worker_publishes_no_result(redis_client, run):
+    keys, zero, one = run
+    with pytest.raises(DeclaredDead):
+        zero.publish_result({"iterations": 3}, "finished")
+    assert not redis_client.hexists(keys.result, 0) and not redis_client.exists(keys.hb(0))
+    one.publish_result({"iterations": 3}, "finished")
+    assert redis_client.get(keys.hb(1)) == b"finished" and redis_client.pttl(keys.hb(1)) == -1
+    assert redis_client.hexists(keys.result, 1)
+
+
+def test_without_its_counter_a_heartbeat_judges_nothing(redis_client, run):
+    """A restarted Redis a survivor has restored into first (dead set back, this worker's
+    counter not yet): a lost broker, not a death."""
+    keys, zero, _ = run
+    redis_client.delete(keys.iter(0))
+    hb = Heartbeat(zero, 1.0)
+    hb.beat()
+    assert not hb.declared_dead and redis_client.exists(keys.hb(0))

@@ -1,0 +1,179 @@
+"""A replacement for a dead worker (``hopbus worker --rejoin``), with real processes and a real
+redis-server: worker 3 of 8 is killed with SIGKILL in a backup run, the others go on without it,
+and a new process takes its place, with the newest parameters an in-neighbour sends it and that
+update's iteration. The run then finishes with all 8, within Table 1 of the whole graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from cluster import (
+    clean_env,
+    hopbus,
+    processes_mentioning,
+    train_args,
+    wait_for,
+    wait_iteration,
+)
+
+from hopbus.coord.keys import RunKeys
+from hopbus.coord.snapshot import snapshot
+from hopbus.runtime.progress import parse_entry
+
+# 600 iterations of at least 50 ms: about 30 s, room for two replacements to start up (a few
+# seconds each on a busy machine) before the others finish
+N, VICTIM, KILL_AT, ITERATIONS = 8, 3, 40, 600
+FLAGS = ["-n", str(N), "--topology", "ring-based", "--iterations", str(ITERATIONS)]
+FLAGS += ["--iter-time", "0.05", "--heartbeat", "2", "--timeout", "30", "--eval-every", "0"]
+
+
+def _rejoin(redis_url: str, run: str, worker: int, **env: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "hopbus", "worker", "--run", run, "--id", str(worker)]
+    return subprocess.Popen(
+        [*args, "--redis", redis_url, "--rejoin"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(**env),
+    )
+
+
+def _events(client, keys: RunKeys, kind: str) -> list[dict]:
+    return [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in client.xrange(keys.events)
+        if fields.get(b"kind") == kind.encode()
+    ]
+
+
+def test_a_replacement_takes_a_killed_workers_place(redis_url, redis_client, tmp_path):
+    """Also: a live worker cannot be replaced, and a replacement that dies while joining
+    neither blocks its neighbours nor keeps the next one out."""
+    args, run = train_args(redis_url, tmp_path / "run", *FLAGS, "--mode", "backup", "--backup", "1")
+    keys = RunKeys(run)
+    train = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        wait_iteration(redis_client, keys, 2, 1)
+        refused = _rejoin(redis_url, run, 2)  # a live worker cannot be replaced
+        wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        (pid,) = processes_mentioning(f"--run {run} --id {VICTIM}")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: redis_client.sismember(keys.dead, VICTIM), 30, "the victim declared dead")
+        assert snapshot(redis_client, keys)["workers"][VICTIM]["state"] == "dead"  # inspect
+        # a first replacement dies once it has announced itself: its in-neighbours, which send
+        # to it without waiting, must not block on it, and it must leave room for the next
+        crashed = _rejoin(redis_url, run, VICTIM, HOPBUS_FAULTS=f"{VICTIM}:crash_joining")
+        assert crashed.wait(timeout=60) == 70
+        assert _events(redis_client, keys, "rejoining")
+        wait_for(
+            lambda: not redis_client.sismember(keys.joining, VICTIM),
+            30,
+            "the crashed replacement forgotten (its heartbeat lapsed)",
+        )
+        replacement = _rejoin(redis_url, run, VICTIM)
+        rep_out, rep_err = replacement.communicate(timeout=240)
+        out, err = train.communicate(timeout=240)
+        _, refused_err = refused.communicate(timeout=60)
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+    assert refused.returncode == 1
+    assert refused_err.strip().splitlines()[-1] == (
+        f"hopbus: error: --rejoin: worker 2 of run {run} cannot be replaced: it is not dead "
+        "(its heartbeat is live, or the run has not declared it dead yet)"
+    )
+    assert not _events(redis_client, keys, "error")  # the refusal left the run alone
+    assert replacement.returncode == 0, rep_err
+    assert f"worker {VICTIM} finished {ITERATIONS} iterations" in rep_out
+    assert train.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["failure"] is None
+    assert [w["worker"] for w in s["lost_workers"]] == [VICTIM]
+    (back,) = s["rejoined_workers"]
+    assert back["worker"] == VICTIM and back["iteration"] > s["lost_workers"][0]["iteration"]
+    assert f"worker {VICTIM} rejoined in iteration {back['iteration']}" in err
+    assert all(w["iterations"] == ITERATIONS for w in s["per_worker"])
+    assert min(w["final_accuracy"] for w in s["per_worker"]) >= 0.9
+    # the whole graph's Table 1 held from the moment it was back, and every queue is right
+    assert s["violations"] == 0 and s["checks"]["token_invariant_violations"] == 0
+    # it took the iteration of an update an in-neighbour sent it, and went on from there
+    entries = [parse_entry(f) for _, f in redis_client.xrange(keys.progress)]
+    mine = [e["iter"] for e in entries if e["worker"] == VICTIM and not e.get("dead")]
+    after = mine[mine.index(back["iteration"]) :]
+    assert after[0] == back["iteration"] and after[-1] == ITERATIONS
+    assert after == sorted(after)
+    assert "rejoined run" in rep_err and "parameters" in rep_err
+    assert not processes_mentioning(f"--run {run}")
+
+
+@pytest.mark.parametrize("mode", ["standard", "staleness"])
+def test_a_mode_without_backup_workers_takes_no_replacement(redis_url, mode):
+    run = f"rejoin{os.getpid()}-{mode}"
+    p = hopbus("create", "--run", run, "--redis", redis_url, *FLAGS, "--mode", mode)
+    assert p.returncode == 0, p.stderr
+    rep = _rejoin(redis_url, run, 1)
+    _, err = rep.communicate(timeout=60)
+    assert rep.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"hopbus: error: --rejoin: run {run} is --mode {mode}, which stops when a worker dies; "
+        "only backup and hybrid runs go on without one and take a replacement"
+    )
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("wake", ["before", "after"])
+def test_a_worker_declared_dead_while_frozen_leaves_when_it_wakes(
+    redis_url, redis_client, tmp_path, wake
+):
+    """A worker frozen (SIGSTOP) past its heartbeat is declared dead and the run goes on.
+    Woken, before a replacement came in or after one took its id, it must not come back as a
+    stranger to token queues that no longer count it: it neither advances nor beats again,
+    leaves with one line, posts no error to the run, and leaves the replacement alone."""
+    args, run = train_args(redis_url, tmp_path / "run", *FLAGS, "--mode", "backup", "--backup", "1")
+    keys = RunKeys(run)
+    train = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        (pid,) = processes_mentioning(f"--run {run} --id {VICTIM}")
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: redis_client.sismember(keys.dead, VICTIM), 30, "the frozen one dead")
+        if wake == "after":
+            replacement = _rejoin(redis_url, run, VICTIM)
+            wait_for(lambda: _events(redis_client, keys, "rejoin"), 60, "the replacement in")
+        os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: not _running(pid), 30, "the woken worker to leave")
+        if wake == "before":
+            assert not redis_client.exists(keys.hb(VICTIM))  # it did not beat again
+            replacement = _rejoin(redis_url, run, VICTIM)
+        _, rep_err = replacement.communicate(timeout=240)
+        out, err = train.communicate(timeout=240)
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+    assert replacement.returncode == 0, rep_err
+    assert train.returncode == 0, err
+    assert f"worker {VICTIM} of run {run} was declared dead (its heartbeat lapsed" in err
+    assert not _events(redis_client, keys, "error")
+    s = json.loads(out)
+    assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [VICTIM]
+    assert [w["worker"] for w in s["rejoined_workers"]] == [VICTIM]
+    assert all(w["iterations"] == ITERATIONS for w in s["per_worker"])
+    # no progress entry of the old process after its death, and every queue is right
+    assert s["checks"]["progress_out_of_order"] == 0 and s["violations"] == 0
+    assert s["checks"]["token_invariant_violations"] == 0
