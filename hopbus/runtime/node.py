@@ -27,7 +27,7 @@ import zmq
 
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord.client import attempts, connect
-from hopbus.coord.control import Heartbeat, RunControl
+from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import load_config
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
@@ -299,14 +299,14 @@ class Node:
             f"({last}); resume from a checkpoint: hopbus train --resume RUN"
         ) from None
 
-    def _check_alive(self, peers: Sequence[int], what: str) -> bool:
-        """Whether some of ``peers`` lost their heartbeat and the node goes on without them
-        (``_lose``); False if all are alive."""
+    def _check_alive(self, peers: Sequence[int], what: str) -> list[int]:
+        """Those of ``peers`` that lost their heartbeat, if the node goes on without them
+        (``_lose``); empty if all are alive (or if the node waits for them after all)."""
         if not peers:
-            return False
+            return []
         alive = self.control.alive(peers)
         dead = [j for j, a in alive.items() if not a]
-        return self._lose(dead, what) if dead else False
+        return dead if dead and self._lose(dead, what) else []
 
     def _lose(self, dead: Sequence[int], what: str) -> bool:
         """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
@@ -350,13 +350,39 @@ class Node:
         return time.monotonic() - t0
 
     # -- sending and finishing --------------------------------------------------------------------
-    def send(self, to: Sequence[int], frames: list, outbox: Outbox | None = None) -> None:
+    def send(self, to: Sequence[int], frames: list, outbox: Outbox | None = None) -> list[int]:
+        """Send ``frames`` to every peer in ``to``. A peer whose queue is full is waited for
+        like anything else: every LOOK_S, are this node's threads alive, are the full peers'
+        heartbeats there (a dead peer never drains its queue; going on without it is
+        ``_lose``'s call), is --timeout spent. Returns the peers gone on without (dead: not
+        sent to)."""
         box = outbox or self.outbox
         assert box is not None
+        t0 = time.monotonic()
+        gone: list[int] = []
         try:
-            box.send(to, frames)
+            full = box.offer(to, frames, LOOK_S)
+            if full:  # rare: shown in the stats (``hopbus inspect``, summary.json)
+                self.counters["full_queue_waits"] = self.counters.get("full_queue_waits", 0) + 1
+            while full:
+                lost: list[int] = []
+                # Redis away, or back without the run's state: look next time (the main loop
+                # rides that out at its next Redis step; a live peer drains meanwhile)
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, StateLostError):
+                    self._check_threads()
+                    lost = self._check_alive(full, "room in its queue")
+                gone += lost
+                full = [j for j in full if j not in lost]
+                if full and time.monotonic() - t0 > self.timeout:
+                    raise RunFailure(
+                        f"{self.who}: a send to {names(full, self.ps_id)} at "
+                        f"{box.endpoints[full[0]]} stayed blocked for {self.timeout:g} s, its "
+                        f"heartbeat alive ({box.why_full()}; raise --timeout for slow models)"
+                    )
+                full = box.offer(full, frames, LOOK_S)
         except TransportError as exc:
             raise RunFailure(f"{self.who}: {exc}") from None
+        return gone
 
     def publish_result(self, result: Mapping[str, Any], **event: Any) -> None:
         """The result for the launcher's summary; the heartbeat becomes 'finished' (no TTL).

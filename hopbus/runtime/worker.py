@@ -324,17 +324,17 @@ class Worker(Node):
         to = live(eff.to, skip) if skip else eff.to
         self._relink_to(to)
         joiners = [j for j in to if j in self.joining]
-        full: list[int] = []
+        unsent: list[int] = []  # declared dead while their queue was full, or joiners' full
         if to:
             frames = encode_update(self.keys.run, self.worker, eff.iteration, self.trainer.params)
             bound = [j for j in to if j not in self.joining]
             if bound:
-                self.send(bound, frames)
+                unsent += self.send(bound, frames)
             if joiners:
                 assert self.outbox is not None
-                full = self.outbox.offer(joiners, frames)
-        self.counters["messages"] += len(to) - len(full)
-        self.counters["sends_skipped"] += len(self.spec.out_peers) - len(to) + len(full)
+                unsent += self.outbox.offer(joiners, frames)
+        self.counters["messages"] += len(to) - len(unsent)
+        self.counters["sends_skipped"] += len(self.spec.out_peers) - len(to) + len(unsent)
 
     # -- dead workers and their replacements (docs/faults.md) -------------------------------------
     def _set_dead(self, dead: frozenset[int], joining: frozenset[int]) -> None:

@@ -5,10 +5,13 @@ shared socket would hand each update to one neighbour instead of all of them.
 
 Sizing ``hwm``: the protocol bounds how many updates a worker can have outstanding towards one
 neighbour (at most the receiver's store slots, by Table 1; acks are one per iteration and just
-as bounded), so the runtime passes that plus a small slack (``inbox.hwm_for``). Under correct
-operation the mark is then never reached, no valid message waits, and a send that does block
-past ``send_timeout_s`` means the peer is gone or stuck: ``TransportError``, not a silent drop
-(PUSH never drops).
+as bounded), so the runtime passes that plus a small slack (``inbox.hwm_for``). While the peer
+lives and drains its inbox, a full queue is rare and brief. A peer that died never drains, and
+what it had not read still counts against the mark, so a sender can meet a full queue right
+after a neighbour's death: ``offer`` waits a bounded slice and says which peers are still full,
+so the caller can look at their heartbeats in between (runtime/node.py: ``Node.send``) rather
+than block for the whole timeout. ``send`` waits up to ``send_timeout_s`` and then raises
+``TransportError``, never a silent drop (PUSH never drops).
 
 CURVE (``curve``): each socket connects as the run's client and checks that the peer holds the
 run's server key, so a send reaches only an inbox of the run, encrypted.
@@ -16,6 +19,7 @@ run's server key, so a send reaches only an inbox of the run, encrypted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 import zmq
@@ -46,7 +50,7 @@ class Outbox:
         self.endpoints: dict[int, str] = {}
         self.curve = curve is not None
         self._ctx, self._hwm, self._curve = ctx, hwm, curve
-        self._timeout_ms = max(0, round(send_timeout_s * 1000))
+        self._timeout_s = max(0.0, send_timeout_s)
         self._socks: dict[int, zmq.Socket] = {}
         try:
             for peer, endpoint in endpoints.items():
@@ -60,7 +64,6 @@ class Outbox:
         self._socks[peer] = sock
         self.endpoints[peer] = endpoint
         sock.setsockopt(zmq.SNDHWM, self._hwm)
-        sock.setsockopt(zmq.SNDTIMEO, self._timeout_ms)
         if self._curve is not None:
             sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server_public)
             sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.client_public)
@@ -81,39 +84,57 @@ class Outbox:
         self._connect(peer, endpoint)
 
     def send(self, to: Iterable[int], frames: list) -> None:
-        """Send the same message to every peer in ``to``.
+        """Send the same message to every peer in ``to``, waiting up to ``send_timeout_s`` for
+        full queues; ``TransportError`` names a peer still full then (the others have it).
 
         Buffers are wrapped in ``zmq.Frame`` once and shared by all peers (libzmq reference
         counts them), so a snapshot is never copied, whatever the fan-out; frames under pyzmq's
         copy threshold (the header) are copied, which is cheaper than tracking them. The
         buffers must not be written to afterwards: libzmq reads them later, from its I/O thread.
-
-        Peers are served in order; if one blocks past the timeout, those before it have the
-        message and those after it do not (the error names the one that blocked).
         """
-        parts = self._frames(frames)
-        for peer in to:
-            try:
-                self._sock(peer).send_multipart(parts, copy=False)
-            except zmq.Again:
-                keys = "; with --curve, does it hold the same key set?" if self.curve else ""
-                raise TransportError(
-                    f"peer {peer}: send to {self.endpoints[peer]} blocked past its timeout "
-                    f"(peer down or not draining its inbox{keys})"
-                ) from None
+        full = self.offer(to, frames, self._timeout_s)
+        if full:
+            raise TransportError(
+                f"peer {full[0]}: send to {self.endpoints[full[0]]} blocked past its timeout "
+                f"({self.why_full()})"
+            )
 
-    def offer(self, to: Iterable[int], frames: list) -> list[int]:
-        """Send without waiting: to peers the protocol does not bound yet (a replacement still
-        joining), whose queue may fill if they die. Returns the peers whose queue was full
-        (the message was not sent to them)."""
+    def why_full(self) -> str:
+        """What a queue that stays full may mean, for an error line."""
+        keys = "; with --curve, does it hold the same key set?" if self.curve else ""
+        return f"peer down or not draining its inbox{keys}"
+
+    def offer(self, to: Iterable[int], frames: list, wait_s: float = 0.0) -> list[int]:
+        """Send to every peer in ``to`` whose queue has room; wait up to ``wait_s`` (all of the
+        full ones at once) for room in the others. Returns the peers still full, which were not
+        sent the message. ``wait_s=0``: for peers the protocol does not bound yet (a
+        replacement still joining), whose queue may fill if they die."""
         parts = self._frames(frames)
-        full = []
-        for peer in to:
-            try:
-                self._sock(peer).send_multipart(parts, copy=False, flags=zmq.DONTWAIT)
-            except zmq.Again:
-                full.append(peer)
+        full = [peer for peer in to if not self._put(peer, parts)]
+        if not full or wait_s <= 0:
+            return full
+        deadline = time.monotonic() + wait_s
+        poller = zmq.Poller()
+        for peer in full:
+            poller.register(self._socks[peer], zmq.POLLOUT)
+        while full:
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms <= 0:
+                break
+            room = dict(poller.poll(max(1, round(left_ms))))
+            for peer in [p for p in full if self._socks[p] in room]:
+                if self._put(peer, parts):
+                    full.remove(peer)
+                    poller.unregister(self._socks[peer])
         return full
+
+    def _put(self, peer: int, parts: list[zmq.Frame]) -> bool:
+        """Queue ``parts`` for ``peer`` unless its queue is at the mark (False)."""
+        try:
+            self._sock(peer).send_multipart(parts, copy=False, flags=zmq.DONTWAIT)
+        except zmq.Again:
+            return False
+        return True
 
     @staticmethod
     def _frames(frames: list) -> list[zmq.Frame]:

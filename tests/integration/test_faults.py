@@ -148,8 +148,12 @@ def test_without_a_launcher_the_heartbeats_tell(redis_url, redis_client, mode):
         for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True))
         if i != VICTIM
     ]
+    said = "\n".join(
+        f"worker {i} exit {p.returncode}: {e}"
+        for i, (p, (_, e)) in enumerate(zip(procs, outs, strict=True))
+    )
     if mode == "backup":
-        assert all(code == 0 for code, _ in others), others
+        assert all(code == 0 for code, _ in others), said
         assert _longest_stall(redis_client, keys, killed) < HEARTBEAT + 1.5  # TTL + a look
         assert redis_client.smembers(keys.dead) == {str(VICTIM).encode()}
     else:
