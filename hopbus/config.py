@@ -27,6 +27,7 @@ from hopbus import heterogeneity
 from hopbus.baselines.spec import SchemeSettings, default_group_size
 from hopbus.baselines.spec import check as check_scheme
 from hopbus.errors import ConfigError
+from hopbus.heterogeneity import SlowdownScope
 from hopbus.models.tf.runtime import DEVICE_HELP, DEVICE_PATTERN
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.spec import ProtocolSettings
@@ -98,6 +99,38 @@ class RunConfig(BaseModel):
     sync_period: int = Field(
         10, description="wagma: iterations between blocking global averages (tau)."
     )
+    slowdown_scope: SlowdownScope = Field(
+        SlowdownScope.COMPUTE,
+        description="What a --slowdown factor F stretches: compute (the worker's Compute only; "
+        "its messages take their normal time) or iteration (the whole worker: its Compute and "
+        "every message it sends in that iteration take F times as long).",
+    )
+    message_bytes: int | None = Field(
+        None,
+        description="Bytes each update is charged on links with a bandwidth (--slowdown "
+        "link:MS/BW@I-J, machines:...@MS/BW), in the simulator and in a real worker's inbox "
+        "alike: a model of that size emulated whatever the real snapshot (VGG-11 on CIFAR-10: "
+        "36902440). A number of bytes, or with a unit: 36.9MB, 35MiB. Default: the run's "
+        "model's own snapshot.",
+    )
+    model: str = Field(
+        "softmax",
+        description="Model: logreg (binary), softmax or mlp (numpy); cnn or vgg11 (TensorFlow, "
+        "the tf extra; images: 8x8 digits, 28x28 or 32x32x3 CIFAR-10); or MODULE:FUNCTION, your "
+        "own function returning a compiled Keras model or a numpy model (docs/api.md).",
+    )
+    data: str = Field(
+        "digits",
+        description="Training data: digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | "
+        "svmlight:PATH[,TEST_PATH] | cifar10:DIR | cifar10 with --data-dir DIR | MODULE:FUNCTION, "
+        "your own function returning (x_train, y_train, x_test, y_test).",
+    )
+    data_dir: str | None = Field(
+        None,
+        description="Folder of the CIFAR-10 python batches (data_batch_1..5, test_batch) for "
+        "--data cifar10; the same as --data cifar10:DIR.",
+    )
+    hidden: int = Field(64, ge=1, le=100_000, description="Hidden units of the mlp model.")
 
     @field_validator("backup", mode="before")
     @classmethod
@@ -114,6 +147,44 @@ class RunConfig(BaseModel):
     @classmethod
     def _slowdown_parses(cls, v: str) -> str:
         heterogeneity.parse(v)  # raises SlowdownSpecError, reported as is
+        return v
+
+    @field_validator("message_bytes", mode="before")
+    @classmethod
+    def _message_size(cls, v: Any) -> Any:
+        return None if v is None else heterogeneity.parse_size(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_dir_is_cifar10_folder(cls, values: Any) -> Any:
+        """--data cifar10 --data-dir DIR becomes --data cifar10:DIR: one spelling downstream."""
+        if (
+            isinstance(values, dict)
+            and values.get("data_dir") is not None
+            and str(values.get("data", "")).strip().lower() == "cifar10"
+        ):
+            return {**values, "data": f"cifar10:{values['data_dir']}"}
+        return values
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_with_cifar10(cls, v: str | None, info: ValidationInfo) -> str | None:
+        data = str(info.data.get("data", ""))
+        if v is not None and data.strip().lower() != f"cifar10:{v}".lower():
+            raise ValueError(f"the CIFAR-10 folder of --data cifar10, not of --data {data}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        from hopbus.models import ALL_MODELS
+        from hopbus.models.custom import SCRIPT, is_callable_spec
+
+        if v not in (*ALL_MODELS, SCRIPT) and not is_callable_spec(v):
+            raise ValueError(
+                f"unknown model, expected one of {', '.join(ALL_MODELS)} or MODULE:FUNCTION "
+                "(your own: a compiled Keras model or a numpy model)"
+            )
         return v
 
     def protocol_settings(self) -> ProtocolSettings:
@@ -230,28 +301,12 @@ class TrainConfig(RunConfig):
     ``iter_time`` is how a real run emulates compute time instead.
     """
 
-    model: str = Field(
-        "softmax",
-        description="Model: logreg (binary), softmax or mlp (numpy); cnn or vgg11 (TensorFlow, "
-        "the tf extra; images: 8x8 digits, 28x28 or 32x32x3 CIFAR-10).",
-    )
-    data: str = Field(
-        "digits",
-        description="Training data: digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | "
-        "svmlight:PATH[,TEST_PATH] | cifar10:DIR | cifar10 with --data-dir DIR.",
-    )
-    data_dir: str | None = Field(
-        None,
-        description="Folder of the CIFAR-10 python batches (data_batch_1..5, test_batch) for "
-        "--data cifar10; the same as --data cifar10:DIR.",
-    )
     device: str = Field(
         "auto",
         description="Where a worker runs a TensorFlow model: auto (a GPU if TensorFlow sees one), "
         "cpu, gpu or gpu:N; hopbus worker --device overrides it per worker. The numpy models "
         "always run on the CPU.",
     )
-    hidden: int = Field(64, ge=1, le=100_000, description="Hidden units of the mlp model.")
     batch_size: int = Field(32, ge=1, le=1_000_000, description="Minibatch size per worker.")
     lr: float = Field(0.1, gt=0, le=1e6, allow_inf_nan=False, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (paper: 0.9).")
@@ -320,26 +375,6 @@ class TrainConfig(RunConfig):
         """Every setting a real run uses (the simulator's time model left out)."""
         return {k: v for k, v in super().public().items() if k not in SIM_ONLY}
 
-    @model_validator(mode="before")
-    @classmethod
-    def _data_dir_is_cifar10_folder(cls, values: Any) -> Any:
-        """--data cifar10 --data-dir DIR becomes --data cifar10:DIR: one spelling downstream."""
-        if (
-            isinstance(values, dict)
-            and values.get("data_dir") is not None
-            and str(values.get("data", "")).strip().lower() == "cifar10"
-        ):
-            return {**values, "data": f"cifar10:{values['data_dir']}"}
-        return values
-
-    @field_validator("data_dir")
-    @classmethod
-    def _data_dir_with_cifar10(cls, v: str | None, info: ValidationInfo) -> str | None:
-        data = str(info.data.get("data", ""))
-        if v is not None and data.strip().lower() != f"cifar10:{v}".lower():
-            raise ValueError(f"the CIFAR-10 folder of --data cifar10, not of --data {data}")
-        return v
-
     @field_validator("device")
     @classmethod
     def _device_spelling(cls, v: str) -> str:
@@ -355,15 +390,6 @@ class TrainConfig(RunConfig):
                 "--curve cannot protect --mode allreduce: its gradients travel over gloo, not "
                 "ZeroMQ (see docs/security.md); run it on a trusted network without --curve"
             )
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        from hopbus.models import ALL_MODELS
-
-        if v not in ALL_MODELS:
-            raise ValueError(f"unknown model, expected one of {', '.join(ALL_MODELS)}")
         return v
 
 

@@ -39,6 +39,11 @@ class RunStopped(RunFailure):
     this node had nothing wrong with it and exits with status 1 after saying why."""
 
 
+class Diverged(RunFailure):
+    """This worker's loss or parameters stopped being finite (a learning rate too high, bad
+    data): it stops the whole run, since every neighbour would average the NaNs in."""
+
+
 class RejoinFailed(RunFailure):
     """A replacement (``hopbus worker --rejoin``) could not come into the run. The run goes on
     without it, so its failure is not reported to the run; the exit status is 1."""

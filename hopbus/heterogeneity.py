@@ -6,27 +6,42 @@ Grammar (parts joined by ``+``)::
     random:F[:P]              each worker, each iteration, is F times slower with probability P
                               (default 1/n: the paper's random slowdown, Sec. 7.3.1)
     fixed:F@W[,W...]          the listed workers are F times slower every iteration (Sec. 7.3.5)
-    link:MS@I-J               messages between workers I and J take MS milliseconds longer, both
-                              ways (on top of the simulator's --latency, which is in seconds)
-    machines:A,B,...@MS       the workers sit on machines of A, B, ... workers, in id order
+    link:MS[/BW]@I-J          messages between workers I and J take MS milliseconds longer, both
+                              ways (on top of the simulator's --latency, which is in seconds),
+                              plus their bytes / BW with a bandwidth
+    machines:A,B,...@MS[/BW]  the workers sit on machines of A, B, ... workers, in id order
                               (0..A-1 on the first), and each machine reaches the others
                               through one shared uplink (Sec. 7.3.6): a message to another
-                              machine takes MS milliseconds longer for every message the
-                              sending machine puts on its uplink each iteration
+                              machine takes MS milliseconds (plus its bytes / BW) longer for
+                              every message the sending machine puts on its uplink each iteration
+
+A bandwidth BW is a number and a unit per second: ``bit``, ``kbit``, ``Mbit``, ``Gbit`` (bits)
+or ``B``, ``kB``, ``MB``, ``GB`` (bytes), powers of 1000: ``1Gbit`` = ``125MB``. A message's
+bytes are its update's parameters (an ACK has none): the real ones where a worker's inbox holds
+it, the run's model's snapshot in the simulator, or ``--message-bytes`` in both
+(``message_delay``).
 
 A factor below 1 makes a worker faster (fixed:0.5@3: worker 3 computes in half the time).
 Factors of parts that apply to the same worker multiply.
 
-e.g. ``random:6`` or ``fixed:4@0`` or ``random:6:0.1+link:50@0-1`` or ``machines:4,2,2@20``.
+e.g. ``random:6`` or ``fixed:4@0`` or ``random:6:0.1+link:50@0-1`` or ``machines:4,2,2@20`` or
+``machines:4,4,4,4@0.1/1Gbit``.
 
-``machines:`` models bandwidth, not just distance: in an iteration every worker sends to every
-out-neighbour at about the same time, so a machine with k graph edges to other machines shares
-its uplink among k transfers, and each takes k x MS (fair sharing, counted once from the graph
-when the slowdown is bound to it). That is what makes a graph with fewer edges between machines
-(``hierarchical:...``) faster on such a cluster than one with a larger spectral gap.
+What a factor slows (``--slowdown-scope``, ``SlowdownScope``): ``compute``, the worker's
+Compute only; ``iteration``, everything the worker does in that iteration: its Compute takes F
+times as long, and so does every message it sends in it (its update, its ACK), from leaving the
+worker to arriving (``message_delay``: F x the message's normal time).
+
+``machines:`` models a shared uplink, not just distance: in an iteration every worker sends to
+every out-neighbour at about the same time, so a machine with k graph edges to other machines
+shares its uplink among k transfers, and each takes k x (MS + bytes / BW) (fair sharing, counted
+once from the graph when the slowdown is bound to it). That is what makes a graph with fewer
+edges between machines (``hierarchical:...``) faster on such a cluster than one with a larger
+spectral gap.
 
 The cluster applies link delays where a message arrives: the receiver's inbox holds it for the
-extra time before handing it over (``hopbus.transport.inbox``).
+extra time before handing it over (``hopbus.transport.inbox``), computed by ``message_delay``
+as the simulator computes it.
 
 The random draws depend only on (seed, part, worker, iteration), never on the order in which
 they are asked for, so a simulated run and a real one with the same seed slow down the same
@@ -37,6 +52,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -52,14 +68,44 @@ _BLOCK = 1024  # random draws are made this many iterations at a time, per worke
 _NUM = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"  # ASCII digits only
 _RANDOM = re.compile(rf"random:(?P<f>{_NUM})(?::(?P<p>{_NUM}))?")
 _FIXED = re.compile(rf"fixed:(?P<f>{_NUM})@(?P<w>[0-9]+(?:,[0-9]+)*)")
-_LINK = re.compile(rf"link:(?P<ms>{_NUM})@(?P<i>[0-9]+)-(?P<j>[0-9]+)")
-_MACHINES = re.compile(rf"machines:(?P<sizes>[0-9]+(?:,[0-9]+)*)@(?P<ms>{_NUM})")
+_LINK = re.compile(rf"link:(?P<ms>{_NUM})(?:/(?P<bw>[^@]*))?@(?P<i>[0-9]+)-(?P<j>[0-9]+)")
+_MACHINES = re.compile(rf"machines:(?P<sizes>[0-9]+(?:,[0-9]+)*)@(?P<ms>{_NUM})(?:/(?P<bw>.*))?")
+_AMOUNT = re.compile(rf"(?P<x>{_NUM})(?P<unit>[A-Za-z]*)")
 MAX_FACTOR = 1e6  # a worker a million times slower is as good as stopped
 MAX_LINK_MS = 1e9
 
-GRAMMAR = (
-    "none | random:F[:P] | fixed:F@W[,W...] | link:MS@I-J | machines:A,B,...@MS, joined by '+'"
+BANDWIDTH_UNITS = {  # bytes per second of one unit per second
+    "bit": 1 / 8,
+    "kbit": 1e3 / 8,
+    "Mbit": 1e6 / 8,
+    "Gbit": 1e9 / 8,
+    "B": 1.0,
+    "kB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+}
+"""What a bandwidth may be spelled in: bits or bytes per second, powers of 1000."""
+BANDWIDTH_HELP = (
+    "a number and one of bit, kbit, Mbit, Gbit (bits per second) or B, kB, MB, GB (bytes per "
+    "second), e.g. 1Gbit or 125MB"
 )
+SIZE_UNITS = {"": 1, "B": 1, "kB": 1000, "MB": 1000**2, "GB": 1000**3}
+SIZE_UNITS |= {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+"""What a message size (``--message-bytes``) may be spelled in."""
+SIZE_HELP = "a number of bytes, or a number and one of B, kB, MB, GB, KiB, MiB, GiB (e.g. 36.9MB)"
+MAX_MESSAGE_BYTES = 1 << 40
+
+GRAMMAR = (
+    "none | random:F[:P] | fixed:F@W[,W...] | link:MS[/BW]@I-J | machines:A,B,...@MS[/BW], "
+    "joined by '+'"
+)
+
+
+class SlowdownScope(StrEnum):
+    """What a slowdown factor stretches (``--slowdown-scope``)."""
+
+    COMPUTE = "compute"  # the worker's Compute only; its messages take their normal time
+    ITERATION = "iteration"  # its Compute and every message it sends in that iteration
 
 
 @dataclass(frozen=True)
@@ -76,18 +122,24 @@ class FixedSlowdown:
 
 @dataclass(frozen=True)
 class LinkDelay:
+    """A link between workers ``a`` and ``b``: ``extra_s`` per message plus ``s_per_byte`` for
+    each of its bytes (1 / the bandwidth; 0 without one)."""
+
     extra_s: float
     a: int
     b: int
+    s_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
 class MachineLinks:
     """Workers in consecutive blocks of ``sizes`` share a machine; a message between machines
-    takes ``transfer_s`` longer per message its machine's uplink carries each iteration."""
+    takes ``transfer_s`` (plus ``s_per_byte`` for each of its bytes) longer per message its
+    machine's uplink carries each iteration."""
 
     sizes: tuple[int, ...]
     transfer_s: float
+    s_per_byte: float = 0.0
 
 
 Part = RandomSlowdown | FixedSlowdown | LinkDelay | MachineLinks
@@ -118,14 +170,18 @@ def parse(spec: str) -> tuple[Part, ...]:
         elif m := _LINK.fullmatch(item):
             if m["i"] == m["j"]:
                 raise _bad(spec, f"{item!r} joins worker {m['i']} to itself")
-            parts.append(LinkDelay(_link_s(spec, m["ms"]), int(m["i"]), int(m["j"])))
+            parts.append(
+                LinkDelay(
+                    _link_s(spec, m["ms"]), int(m["i"]), int(m["j"]), _per_byte(spec, m["bw"])
+                )
+            )
         elif m := _MACHINES.fullmatch(item):
             sizes = tuple(int(x) for x in m["sizes"].split(","))
             if 0 in sizes:
                 raise _bad(spec, f"{item!r} has a machine with no worker")
             if any(isinstance(q, MachineLinks) for q in parts):
                 raise _bad(spec, "only one machines:... part")
-            parts.append(MachineLinks(sizes, _link_s(spec, m["ms"])))
+            parts.append(MachineLinks(sizes, _link_s(spec, m["ms"]), _per_byte(spec, m["bw"])))
         elif item == "none":
             raise _bad(spec, "'none' cannot be combined with other parts")
         else:
@@ -140,6 +196,37 @@ def _link_s(spec: str, text: str) -> float:
     return ms / 1000.0
 
 
+def _per_byte(spec: str, text: str | None) -> float:
+    """Seconds per byte of the bandwidth ``text`` (None: no bandwidth given, 0)."""
+    if text is None:
+        return 0.0
+    m = _AMOUNT.fullmatch(text)
+    unit = BANDWIDTH_UNITS.get(m["unit"]) if m else None
+    if m is None or unit is None:
+        raise _bad(spec, f"bandwidth {text!r} is not {BANDWIDTH_HELP}")
+    rate = float(m["x"]) * unit
+    if not rate > 0 or rate == float("inf"):
+        raise _bad(spec, f"bandwidth {text!r} must be above 0")
+    return 1.0 / rate
+
+
+def parse_size(text: str | float) -> int:
+    """A message size in bytes, from an integer or from ``SIZE_HELP``'s spellings ("36.9MB");
+    a ValueError saying what is expected otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected {SIZE_HELP}")
+    if isinstance(text, int | float):
+        value: float = text
+    else:
+        m = _AMOUNT.fullmatch(text.strip())
+        if m is None or m["unit"] not in SIZE_UNITS:
+            raise ValueError(f"expected {SIZE_HELP}")
+        value = float(m["x"]) * SIZE_UNITS[m["unit"]]
+    if not 0 <= value <= MAX_MESSAGE_BYTES:  # NaN too
+        raise ValueError(f"expected 0 to {MAX_MESSAGE_BYTES} bytes")
+    return round(value)
+
+
 def _factor(spec: str, text: str) -> float:
     f = float(text)
     if not 0 < f <= MAX_FACTOR:
@@ -152,10 +239,32 @@ class SlowdownModel(Protocol):
 
     def factor(self, worker: int, iteration: int) -> float: ...
 
-    def link_delay(self, src: int, dst: int) -> float: ...
+    def link_delay(self, src: int, dst: int, nbytes: int = 0) -> float: ...
 
     @property
     def has_link_delays(self) -> bool: ...
+
+
+def message_delay(
+    model: SlowdownModel,
+    src: int,
+    dst: int,
+    iteration: int,
+    nbytes: int = 0,
+    *,
+    scope: SlowdownScope = SlowdownScope.COMPUTE,
+    base: float = 0.0,
+) -> float:
+    """Seconds a message of ``nbytes`` that worker ``src`` sends in ``iteration`` takes to
+    reach ``dst``: ``base`` (the simulator's --latency; a real network's own time is not
+    emulated) plus the link's delay for its bytes, and with ``iteration`` scope all of it
+    times the sender's slowdown factor in that iteration. The one rule both drivers follow:
+    the simulator schedules the arrival this much later, a real worker's inbox holds the
+    message this long."""
+    d = base + model.link_delay(src, dst, nbytes)
+    if d and scope is SlowdownScope.ITERATION:
+        d *= model.factor(src, iteration)
+    return d
 
 
 @dataclass
@@ -166,10 +275,11 @@ class Heterogeneity:
     n: int
     seed: int = 0
     _fixed: list[float] = field(init=False)
-    _links: dict[tuple[int, int], float] = field(init=False)
+    _links: dict[tuple[int, int], tuple[float, float]] = field(init=False)  # (s, s per byte)
     _random: list[tuple[int, float, float]] = field(init=False)  # (part, factor, probability)
     _machine: list[int] | None = field(init=False, default=None)  # each worker's machine
     _transfer_s: float = field(init=False, default=0.0)
+    _uplink_s_per_byte: float = field(init=False, default=0.0)
     _uplink: list[int] = field(init=False, default_factory=list)  # messages out, per machine
     _cache: dict[tuple[int, int], tuple[int, list[float]]] = field(init=False, default_factory=dict)
 
@@ -184,8 +294,9 @@ class Heterogeneity:
             elif isinstance(part, LinkDelay):
                 self._check_worker(part.a)
                 self._check_worker(part.b)
-                for key in ((part.a, part.b), (part.b, part.a)):
-                    self._links[key] = self._links.get(key, 0.0) + part.extra_s
+                for key in ((part.a, part.b), (part.b, part.a)):  # links on one pair add up
+                    s, per_byte = self._links.get(key, (0.0, 0.0))
+                    self._links[key] = (s + part.extra_s, per_byte + part.s_per_byte)
             elif isinstance(part, MachineLinks):
                 if sum(part.sizes) != self.n:
                     raise SlowdownSpecError(
@@ -194,6 +305,7 @@ class Heterogeneity:
                     )
                 self._machine = [m for m, size in enumerate(part.sizes) for _ in range(size)]
                 self._transfer_s = part.transfer_s
+                self._uplink_s_per_byte = part.s_per_byte
                 self._uplink = [1] * len(part.sizes)  # until bind() counts the graph's edges
         self._random = [
             (index, part.factor, 1.0 / self.n if part.probability is None else part.probability)
@@ -229,13 +341,17 @@ class Heterogeneity:
                 f *= slow
         return f
 
-    def link_delay(self, src: int, dst: int) -> float:
-        """Extra seconds a message from ``src`` to ``dst`` takes (0 for a node that is not a
-        worker, such as a parameter server)."""
-        d = self._links.get((src, dst), 0.0)
+    def link_delay(self, src: int, dst: int, nbytes: int = 0) -> float:
+        """Extra seconds a message of ``nbytes`` from ``src`` to ``dst`` takes on its emulated
+        links (0 for a node that is not a worker, such as a parameter server); the sender's
+        slowdown does not enter here (``message_delay``)."""
+        d = 0.0
+        link = self._links.get((src, dst))
+        if link is not None:
+            d = link[0] + nbytes * link[1]
         m = self._machine
         if m is not None and 0 <= src < self.n and 0 <= dst < self.n and m[src] != m[dst]:
-            d += self._transfer_s * self._uplink[m[src]]
+            d += (self._transfer_s + nbytes * self._uplink_s_per_byte) * self._uplink[m[src]]
         return d
 
     def machine_of(self, worker: int) -> int | None:
@@ -245,12 +361,16 @@ class Heterogeneity:
     @property
     def has_link_delays(self) -> bool:
         """Whether any message takes longer than others (``link:`` or ``machines:``)."""
-        return bool(self._links) or (self._machine is not None and self._transfer_s > 0)
+        return bool(self._links) or (
+            self._machine is not None and (self._transfer_s > 0 or self._uplink_s_per_byte > 0)
+        )
 
     @property
-    def links(self) -> dict[tuple[int, int], float]:
-        """The ``link:`` parts' delays per (src, dst)."""
-        return dict(self._links)
+    def charges_bytes(self) -> bool:
+        """Whether some link has a bandwidth, so that a message's size matters."""
+        return any(per_byte for _, per_byte in self._links.values()) or (
+            self._machine is not None and self._uplink_s_per_byte > 0
+        )
 
     def bind(self, graph: nx.DiGraph, topology_name: str) -> Heterogeneity:
         """Tie the slowdown to the run's graph: refuse a ``link:`` part naming two workers that

@@ -16,7 +16,7 @@ import statistics
 from array import array
 from typing import Any
 
-from hopbus.gaps import GapMonitor
+from hopbus.gaps import PAIRS_CHECKED, GapMonitor
 
 P50_SAMPLE = 1_000_000
 
@@ -95,7 +95,8 @@ def progress_summary(stats: RunStats, monitor: GapMonitor) -> dict[str, Any]:
 
 
 def gap_summary(monitor: GapMonitor) -> dict[str, Any]:
-    """``max_gap``, ``gap_bound`` and ``violations`` of the summary object."""
+    """``max_gap``, ``gap_bound``, ``violations`` and ``pairs_checked`` of the summary object
+    (every pair of live workers, exactly, whatever the number of workers: hopbus/gaps.py)."""
     v = monitor.first_violation
     return {
         "max_gap": {"adjacent": monitor.max_adjacent, "any_pair": monitor.max_any},
@@ -104,6 +105,7 @@ def gap_summary(monitor: GapMonitor) -> dict[str, Any]:
             "any_pair": monitor.table1["any_pair"],
         },
         "violations": monitor.violations,
+        "pairs_checked": PAIRS_CHECKED,
         "first_violation": None
         if v is None
         else {

@@ -27,7 +27,7 @@ class Schedule:
     def factor(self, worker: int, iteration: int) -> float:
         return self._factor(worker, iteration)
 
-    def link_delay(self, src: int, dst: int) -> float:
+    def link_delay(self, src: int, dst: int, nbytes: int = 0) -> float:
         return self._delays.get((src, dst), 0.0)
 
     @property

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hopbus.baselines.allreduce import require_torch
 from hopbus.errors import ConfigError
 from hopbus.modes import Family, Mode
 
@@ -74,8 +73,6 @@ def check(s: SchemeSettings) -> None:
                 "--mode ps-backup --workers counts all N+b workers and each step needs at least "
                 "one gradient"
             )
-    if s.mode is Mode.ALLREDUCE:
-        require_torch()
     if s.mode is Mode.PS_ELASTIC and s.lookahead < 1:
         raise ConfigError(f"--lookahead must be at least 1 (got {s.lookahead})")
     if s.mode is Mode.WAGMA:

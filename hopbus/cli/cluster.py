@@ -4,9 +4,6 @@ cluster."""
 from __future__ import annotations
 
 import inspect
-import ipaddress
-import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,47 +16,17 @@ from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
+from hopbus.runtime import interrupts
+from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
 
 
-def _advertise(value: str | None, redis_url: str) -> str | None:
-    """``--advertise auto``: this host's own address (a container's IP on its compose network),
-    so identical replicas each advertise an endpoint their peers can reach (``auto_address``)."""
-    if value != "auto":
-        return value
-    import socket
-    from urllib.parse import urlsplit
-
-    def route(host: str) -> str:  # the local address of the interface that routes to host
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(host), 9))  # sends nothing: picks the route
-            return str(probe.getsockname()[0])
-
-    try:
-        return auto_address(
-            socket.gethostbyname(socket.gethostname()),
-            urlsplit(redis_url).hostname or "127.0.0.1",
-            route,
-        )
-    except OSError as exc:
-        raise UserError(f"--advertise auto: cannot find this host's address: {exc}") from None
-
-
-def auto_address(own: str, redis_host: str, route: Callable[[str], str]) -> str:
-    """What ``--advertise auto`` advertises: the address this host's name resolves to, unless
-    that is loopback (Debian's 127.0.1.1 line) while Redis is elsewhere; then the address of
-    the interface that routes to Redis, which peers on Redis's network can reach."""
-    local = redis_host in ("localhost", "::1") or redis_host.startswith("127.")
-    if ipaddress.ip_address(own).is_loopback and not local:
-        return route(redis_host)
-    return own
-
-
-def _report(launcher: Any, outcome: Any, as_json: bool) -> None:
-    """The end of a followed run, for train and watch alike: the summary, then exit 1 if a
-    node failed, 3 if a Table 1 bound was broken."""
+def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
+    """The end of a followed run, for train and watch alike: the notes the display did not
+    show (``shown`` it did), the summary, then exit 1 if a node failed, 3 if a Table 1 bound
+    was broken or an invariant check failed."""
     s = outcome.summary
     err = Console(stderr=True)
-    for note in launcher.notes:
+    for note in launcher.notes[shown:]:
         err.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
     if as_json:
         _emit_json(s)
@@ -76,7 +43,24 @@ def _report(launcher: Any, outcome: Any, as_json: bool) -> None:
             highlight=False,
         )
         raise typer.Exit(3)
+    checks = s.get("checks") or {}
+    broken = [f"{k} {checks[k]}" for k in INVARIANTS if checks.get(k)]
+    dropped = [f"{k} {checks[k]}" for k in WIRE_CHECKS if checks.get(k)]
+    if dropped:  # updates the inboxes dropped: a rogue or broken sender can cause these
+        err.print(f"hopbus: warning: dropped on arrival: {', '.join(dropped)}", highlight=False)
+    if broken:
+        err.print(
+            f"hopbus: error: invariant check failed: {', '.join(broken)} (must be 0; "
+            "docs/summary.md)",
+            highlight=False,
+        )
+        raise typer.Exit(3)
 
+
+INVARIANTS = ("token_invariant_violations", "store_bound_exceeded", "progress_out_of_order")
+"""The summary's checks that hold whatever a sender does: one broken is a failed run (exit 3)."""
+WIRE_CHECKS = ("store_overflow", "duplicates")
+"""Checks of what arrived, which an unauthenticated sender can trip (docs/security.md): shown."""
 
 OutDir = Annotated[
     Path | None,
@@ -105,13 +89,6 @@ Resume = Annotated[
 ]
 
 
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 @app.command("train")
 def train_cmd(
     workers: o.TrainWorkers = None,
@@ -124,6 +101,8 @@ def train_cmd(
     skip_trigger: o.SkipTrigger = None,
     iterations: o.Iterations = None,
     slowdown: o.Slowdown = None,
+    slowdown_scope: o.SlowdownScopeOpt = None,
+    message_bytes: o.MessageBytes = None,
     seed: o.Seed = None,
     approach: o.ApproachOpt = None,
     lookahead: o.Lookahead = None,
@@ -157,15 +136,16 @@ def train_cmd(
 
     Shows every worker's progress while it runs, then the summary (the same fields as `hopbus
     sim`) and the final test accuracy. Exit status 1 if a worker failed (its reason is
-    printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken, 130
-    after Ctrl-C or SIGTERM (every process it started is stopped).
+    printed, the others are stopped), 2 for bad input, 3 if a Table 1 bound was broken or an
+    invariant check failed, 130 after Ctrl-C or SIGTERM (every process it started is
+    stopped).
 
     With --checkpoint-every K each worker saves its state every K iterations; `hopbus train
     --resume RUN` continues a stopped or killed run from its newest complete checkpoint set
     (see docs/checkpoints.md).
     """
     given = o.run_flags(locals())
-    _sigterm_as_interrupt()  # stop the workers and the private Redis as on Ctrl-C
+    interrupts.install()  # stop the workers and the private Redis as on Ctrl-C
     from hopbus.cli.live import Display
     from hopbus.runtime.launcher import train
 
@@ -181,7 +161,7 @@ def train_cmd(
         launcher, outcome = train(
             cfg, run=run, out=out, redis_url=redis, on_update=display.update, curve=curve_dir
         )
-    _report(launcher, outcome, as_json)
+    _report(launcher, outcome, as_json, display.shown)
 
 
 def _resume_cmd(
@@ -217,7 +197,7 @@ def _resume_cmd(
     )
     with Display(err) as display:
         launcher, outcome = resume(plan, redis_url=redis, on_update=display.update, curve=curve)
-    _report(launcher, outcome, as_json)
+    _report(launcher, outcome, as_json, display.shown)
 
 
 def _with_curve(given: dict[str, Any], curve_dir: Path | None) -> dict[str, Any]:
@@ -240,17 +220,105 @@ def create_cmd(**params: Any) -> None:
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
     url = params["redis"] or DEFAULT_URL
-    print(record(cfg, run=params["run"], redis_url=url, curve=params["curve_dir"]))
+    print(
+        record(cfg, run=params["run"], redis_url=url, curve=params["curve_dir"], acl=params["acl"])
+    )
 
 
-# create takes exactly train's flags but --out, --json and --resume: one list for both
+AclFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--acl",
+        help="Make the run a Redis user of its own, hop-RUN with a random password, that may "
+        "touch only hop:{RUN}:* keys, and write the URL that logs in as it to this new file "
+        "(mode 0600): give it to the run's workers and hopbus watch as HOPBUS_REDIS. --redis "
+        "must then be an ACL administrator's URL. hopbus clean removes the user with the run "
+        "(docs/security.md).",
+        metavar="FILE",
+        show_default=False,
+        rich_help_panel=o.PANEL_CLUSTER,
+    ),
+]
+
+# create takes exactly train's flags but --out, --json and --resume (one list for both), and
+# --acl
 _TRAIN_PARAMS = inspect.signature(train_cmd, eval_str=True)
 create_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
     parameters=[
-        p for p in _TRAIN_PARAMS.parameters.values() if p.name not in ("out", "as_json", "resume")
+        *(
+            p
+            for p in _TRAIN_PARAMS.parameters.values()
+            if p.name not in ("out", "as_json", "resume")
+        ),
+        inspect.Parameter("acl", inspect.Parameter.KEYWORD_ONLY, annotation=AclFile, default=None),
     ]
 )
 app.command("create")(create_cmd)
+
+
+def launch_cmd(**params: Any) -> None:
+    """Run your own training script as the workers of a Hop run: N copies of COMMAND, each a
+    worker (torchrun's and horovodrun's convention).
+
+    hopbus launch -n 4 --mode backup -- python train.py --epochs 3
+
+    Starts a private redis-server (unless --redis), records the run, starts the copies with the
+    environment hopbus.join() reads (HOPBUS_RUN, HOPBUS_REDIS, HOPBUS_ID), shows every worker's
+    progress, and writes the results folder as hopbus train does: config.toml, metrics.jsonl,
+    summary.json, logs/worker-I.log (each copy's stdout and stderr) and tensorboard/. In the
+    script: ctx = hopbus.join(), then model.fit(..., callbacks=[hopbus.keras.HopCallback(ctx)])
+    for Keras, or ctx.begin() / ctx.end(params) around each step of any loop (docs/api.md).
+
+    The Hop modes only. A copy that crashes, is killed or exits without finishing its part is
+    named with its last lines of stderr; the run then stops (backup and hybrid go on without
+    it, as with hopbus train). Exit status 1 if a worker failed, 2 for bad input, 3 if a
+    Table 1 bound was broken or an invariant check failed, 130 after Ctrl-C or SIGTERM (every
+    copy is stopped).
+    """
+    command = list(params.pop("command") or [])
+    given = o.run_flags(params)
+    interrupts.install()
+    from hopbus.cli.live import Display
+    from hopbus.runtime.launcher import train
+
+    curve_dir = params["curve_dir"]
+    cfg = o.resolve(params["config"], _with_curve(given, curve_dir), TrainConfig)
+    assert isinstance(cfg, TrainConfig)
+    o.warn_unused(cfg, given)
+    with Display(Console(stderr=True)) as display:
+        launcher, outcome = train(
+            cfg, run=params["run"], out=params["out"], redis_url=params["redis"],
+            on_update=display.update, curve=curve_dir, command=command,
+        )  # fmt: skip
+    _report(launcher, outcome, params["as_json"], display.shown)
+
+
+# launch takes train's run flags but those of hopbus's own models (the script has its own),
+# the related schemes' and --resume, plus the command
+LAUNCH_LEAVES_OUT = (
+    "model", "data", "data_dir", "device", "hidden", "batch_size", "lr", "momentum",
+    "weight_decay", "eval_every", "checkpoint_every", "lookahead", "group_size", "sync_period",
+    "resume",
+)  # fmt: skip
+launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
+    parameters=[
+        *(p for p in _TRAIN_PARAMS.parameters.values() if p.name not in LAUNCH_LEAVES_OUT),
+        inspect.Parameter(
+            "command",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[
+                list[str] | None,
+                typer.Argument(
+                    help="Your training script and its arguments, after --.",
+                    metavar="-- COMMAND [ARGS]...",
+                    show_default=False,
+                ),
+            ],
+            default=None,
+        ),
+    ]
+)
+app.command("launch")(launch_cmd)
 
 
 @app.command("watch")
@@ -263,8 +331,8 @@ def watch_cmd(
     """Follow a run whose workers were started elsewhere (docker compose, other hosts) to its
     end: the live display, then metrics.jsonl, summary.json and the summary, as `hopbus train`
     writes them. Starts and stops nothing. Exit status 1 if a node reported an error or its
-    heartbeat vanished, 3 if a Table 1 bound was broken."""
-    _sigterm_as_interrupt()
+    heartbeat vanished, 3 if a Table 1 bound was broken or an invariant check failed."""
+    interrupts.install()
     from hopbus.cli.live import Display
     from hopbus.runtime.launcher import watch
 
@@ -272,7 +340,7 @@ def watch_cmd(
         launcher, outcome = watch(
             run, out=out, redis_url=redis or DEFAULT_URL, on_update=display.update
         )
-    _report(launcher, outcome, as_json)
+    _report(launcher, outcome, as_json, display.shown)
 
 
 @app.command("worker")
@@ -294,7 +362,7 @@ def worker_cmd(
         ),
     ] = None,
     redis: o.RedisUrl = None,
-    bind: o.Bind = o.DEFAULT_BIND,
+    bind: o.Bind = DEFAULT_BIND,
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
     curve: o.CurveNode = None,
@@ -346,6 +414,27 @@ def worker_cmd(
             rich_help_panel=o.PANEL_CLUSTER,
         ),
     ] = False,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            "--tensorboard",
+            envvar="HOPBUS_TENSORBOARD",
+            help="Folder of the run's TensorBoard scalars: this worker writes worker-ID/ in it "
+            "(hopbus train and launch give their results folder's tensorboard/) [default: "
+            "none].",
+            show_default=False,
+            rich_help_panel=o.PANEL_CLUSTER,
+        ),
+    ] = None,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Your training script, after --: it runs with the environment hopbus.join() "
+            "reads (hopbus launch starts N of these). Without it the worker trains the run's "
+            "own --model.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run one worker of a run: the unit a container runs, started N times by `hopbus train`.
 
@@ -360,32 +449,62 @@ def worker_cmd(
     from hopbus.runtime.join import worker_for
     from hopbus.runtime.worker import report_failure
 
-    _sigterm_as_interrupt()
+    interrupts.install()
     url = redis or DEFAULT_URL
+    w = None
+    if command:
+        _script_worker(
+            run, worker_id, url, command, bind=bind, advertise=advertise, timeout=timeout,
+            curve=curve, device=device, rejoin=rejoin, tensorboard=tensorboard,
+            checkpoint=checkpoint_dir is not None or resume_from is not None,
+        )  # fmt: skip
+        return
     try:
         w = worker_for(
             run,
             worker_id,
             url,
             bind=bind,
-            advertise=_advertise(advertise, url),
+            advertise=resolve_advertise(advertise, url),
             timeout=timeout,
             device=device,
             curve=curve,
             checkpoint_dir=checkpoint_dir,
             resume_from=resume_from,
             rejoin=rejoin,
+            tensorboard=tensorboard,
         )
-        worker_id = w.node
         result = w.run_loop()
     except UserError as exc:
-        if worker_id is not None and not isinstance(exc, RunStopped | RejoinFailed | DeclaredDead):
-            report_failure(url, run, worker_id, str(exc))
+        quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
+        if w is not None and w.admitted and not quiet:  # a refused process writes nothing
+            report_failure(url, run, w.node, str(exc))
         raise
-    print(
-        f"hopbus: worker {worker_id} finished {result['iterations']} iterations, test accuracy "
-        f"{result['final_accuracy']:.4f}"
+    print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
+
+
+def _accuracy(result: dict[str, Any]) -> str:
+    acc = result.get("final_accuracy")
+    return "" if acc is None else f", test accuracy {acc:.4f}"
+
+
+def _script_worker(
+    run: str, worker_id: int | None, url: str, command: list[str], *, checkpoint: bool,
+    advertise: str | None, **settings: Any,
+) -> None:  # fmt: skip
+    """``hopbus worker -- COMMAND``: the script as this worker (hopbus/runtime/command.py)."""
+    from hopbus.errors import ConfigError
+    from hopbus.runtime.command import run_command
+
+    if checkpoint:
+        raise ConfigError(
+            "--checkpoint-dir and --resume-from are for hopbus's own models; a script saves its "
+            "own state (for Keras: keras.callbacks.BackupAndRestore)"
+        )
+    worker_id = run_command(
+        run, worker_id, url, command, advertise=resolve_advertise(advertise, url), **settings
     )
+    print(f"hopbus: worker {worker_id} finished its part of run {run} (`{' '.join(command)}`)")
 
 
 @app.command("ps")
@@ -397,7 +516,7 @@ def ps_cmd(
         ),
     ],
     redis: o.RedisUrl = None,
-    bind: o.Bind = o.DEFAULT_BIND,
+    bind: o.Bind = DEFAULT_BIND,
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
     curve: o.CurveNode = None,
@@ -412,15 +531,21 @@ def ps_cmd(
     from hopbus.runtime.ps_server import ParameterServer
     from hopbus.runtime.worker import report_failure
 
-    _sigterm_as_interrupt()
+    interrupts.install()
     url = redis or DEFAULT_URL
     ps = ParameterServer(
-        run, url, bind=bind, advertise=_advertise(advertise, url), timeout=timeout, curve=curve
+        run,
+        url,
+        bind=bind,
+        advertise=resolve_advertise(advertise, url),
+        timeout=timeout,
+        curve=curve,
     )
     try:
         result = ps.run_loop()
     except UserError as exc:
-        report_failure(url, run, ps.node, str(exc))
+        if ps.admitted and not isinstance(exc, RunStopped):  # a refused server writes nothing
+            report_failure(url, run, ps.node, str(exc))
         raise
     print(
         f"hopbus: parameter server applied {result['versions']} updates, test accuracy "
@@ -476,19 +601,23 @@ def clean_cmd(
         bool, typer.Option("--force", help="Also delete a run that is still running.")
     ] = False,
 ) -> None:
-    """Delete every Redis key of a finished run (hop:{RUN}:*)."""
+    """Delete every Redis key of a run that no process runs any more (hop:{RUN}:*): finished,
+    failed, stopped or abandoned (started, but nothing beats: a killed launcher's)."""
     from hopbus.coord.client import connect
     from hopbus.coord.keys import RunKeys
-    from hopbus.coord.runs import clean_run
+    from hopbus.coord.runs import clean_run, status_of
     from hopbus.errors import ConfigError
 
     client = connect(redis or DEFAULT_URL, timeout=5)
     keys = RunKeys(run)
-    status = client.hget(keys.meta, "status")
-    if status in (b"starting", b"running") and not force:
+    status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
+    if status in ("starting", "running") and not force:
         raise ConfigError(
-            f"run {run} is {status.decode()}: stop it first, or pass --force to delete its keys "
-            "under its workers"
+            f"run {run} is {status} (a node's heartbeat is alive): stop it first, or pass "
+            "--force to delete its keys under its workers"
         )
     n = clean_run(client, keys)
-    print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}")
+    from hopbus.coord.acl import delete_user, user_of
+
+    gone = f" and its Redis user {user_of(run)}" if delete_user(client, keys) else ""
+    print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}{gone}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,6 +14,23 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.errors import ConfigError
+from hopbus.jsonout import dumps
+
+
+def _no_type_for_flags() -> None:
+    """typer shows a flag's type in --help (``--json <bool>``), as if it took a value; a flag
+    takes none, so none is shown (the one place hopbus adjusts typer's help)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_for_flags()
 
 app = typer.Typer(
     name="hopbus",
@@ -47,7 +63,7 @@ def _main(
 
 
 def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, allow_nan=False) + "\n")
+    sys.stdout.write(dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -102,11 +118,17 @@ def sim_cmd(
     skip_trigger: o.SkipTrigger = None,
     iterations: o.Iterations = None,
     slowdown: o.Slowdown = None,
+    slowdown_scope: o.SlowdownScopeOpt = None,
+    message_bytes: o.MessageBytes = None,
     seed: o.Seed = None,
     approach: o.ApproachOpt = None,
     compute_time: o.ComputeTime = None,
     latency: o.Latency = None,
     jitter: o.Jitter = None,
+    model: o.SimModel = None,
+    data: o.SimData = None,
+    data_dir: o.SimDataDir = None,
+    hidden: o.SimHidden = None,
     config: o.ConfigFile = None,
     trace: Annotated[
         Path | None,
@@ -145,7 +167,7 @@ def sim_cmd(
                 raise ConfigError(f"cannot write --trace {str(trace)!r}: {exc.strerror}") from None
 
             def write_trace(record: dict[str, Any], out=out) -> None:
-                out.write(json.dumps(record) + "\n")
+                out.write(dumps(record) + "\n")
 
             sim.on_progress = write_trace
         progress_cb = None

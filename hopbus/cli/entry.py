@@ -3,13 +3,36 @@ numpy and networkx are still loading ends quietly like one at any later moment."
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import sys
+from typing import NoReturn
+
+INTERRUPTED = 130
+
+
+def exit_interrupted() -> NoReturn:
+    """End with status 130 after Ctrl-C or SIGTERM, every time.
+
+    A plain ``sys.exit(130)`` is not enough: when the interrupt lands inside a library's
+    ``exec()`` of a string (scipy's first import does one, and the launcher imports scipy
+    lazily), CPython marks the KeyboardInterrupt as unhandled although hopbus caught it, and at
+    its very end the interpreter re-sends SIGINT to itself: the status becomes -2 at random.
+    By this point every process hopbus started is stopped, so run the exit handlers, flush,
+    and leave with the documented status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or None
+            stream.flush()
+    with contextlib.suppress(OSError, ValueError):
+        print("hopbus: interrupted", file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+    os._exit(INTERRUPTED)
 
 
 def main() -> None:
     try:
         from hopbus.cli.main import main as run
     except KeyboardInterrupt:
-        print("hopbus: interrupted", file=sys.stderr)
-        sys.exit(130)
+        exit_interrupted()
     run()

@@ -163,10 +163,10 @@ def experiment_cmd(
     if list_all or name is None:
         _list_scenarios(Console())
         return
-    from hopbus.cli.cluster import _sigterm_as_interrupt
     from hopbus.experiments import get_scenario
     from hopbus.experiments.overrides import parse_overrides
     from hopbus.experiments.runner import Experiment, default_out
+    from hopbus.runtime import interrupts
 
     scenario = get_scenario(name)
     labels = [x.strip() for x in only.split(",")] if only is not None else None
@@ -178,7 +178,7 @@ def experiment_cmd(
         overrides=parse_overrides(settings or []),
         command=["hopbus", *sys.argv[1:]],
     )
-    _sigterm_as_interrupt()  # stop the current run's workers and the Redis as on Ctrl-C
+    interrupts.install()  # stop the current run's workers and the Redis as on Ctrl-C
     err = Console(stderr=True)
     results = exp.run(*_progress(err))
     if as_json:

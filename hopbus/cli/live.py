@@ -27,11 +27,15 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 def view(launcher: Launcher) -> Group:
     cfg = launcher.cfg
     rep = launcher.replay
-    head = Text.from_markup(
-        f"[bold]run {launcher.keys.run}[/]: {launcher.topo.n} workers, {cfg.topology}, "
-        f"{cfg.mode}, slowdown {cfg.slowdown}; hopbus inspect --run {launcher.keys.run} "
-        f"--redis {redact(launcher.url)}"
+    private = getattr(launcher, "broker", None) is not None  # hopbus train's own redis-server
+    inspect = f"hopbus inspect --run {launcher.keys.run} --redis {redact(launcher.url)}"
+    if private:
+        inspect = f"while it runs (its private Redis goes with it): {inspect}"
+    head = Text(
+        f"run {launcher.keys.run}: {launcher.topo.n} workers, {cfg.topology}, {cfg.mode}, "
+        f"slowdown {cfg.slowdown}; {inspect}"
     )
+    head.stylize("bold", 0, len(f"run {launcher.keys.run}"))
     table = Table(box=None, pad_edge=False)
     for col in ("worker", "iteration", "it/s", "loss", "test acc", "waits on", "wait s"):
         table.add_column(col, justify="left" if col == "waits on" else "right")
@@ -69,7 +73,8 @@ class Display:
         self.console = console
         self.live: Live | None = None
         self._last = 0.0
-        self._noted = 0  # launcher.notes already printed (plain output)
+        self._noted = 0  # launcher.notes already printed
+        self._launcher: Launcher | None = None
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -79,9 +84,18 @@ class Display:
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
+            if self._launcher is not None and exc[0] is None:  # the last frame, every note in it
+                self.live.update(view(self._launcher))
+                self._noted = len(self._launcher.notes)
             self.live.__exit__(None, None, None)
 
+    @property
+    def shown(self) -> int:
+        """How many of the launcher's notes the display has shown (the report adds the rest)."""
+        return self._noted
+
     def update(self, launcher: Launcher) -> None:
+        self._launcher = launcher
         now = time.monotonic()
         if self.live is not None:
             if now - self._last >= 0.25:

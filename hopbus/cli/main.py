@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 
 import typer
+from redis import RedisError
 
 import hopbus.cli.experiment  # noqa: F401 (registers hopbus experiment)
 from hopbus.cli import cluster  # noqa: F401 (registers the cluster commands)
@@ -23,9 +24,8 @@ from hopbus.cli import keys as _keys  # noqa: F401 (registers hopbus keys)
 from hopbus.cli import plot as _plot  # noqa: F401 (registers hopbus plot)
 from hopbus.cli import top as _top  # noqa: F401 (registers hopbus top)
 from hopbus.cli.commands import app
+from hopbus.cli.entry import INTERRUPTED, exit_interrupted
 from hopbus.errors import UserError
-
-INTERRUPTED = 130
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -48,8 +48,10 @@ def _silence_stdout() -> None:
 
 
 def _fail(message: str, code: int) -> None:
+    from hopbus.coord.client import scrub
+
     with contextlib.suppress(OSError):
-        print(f"hopbus: error: {message}", file=sys.stderr)
+        print(f"hopbus: error: {scrub(message)}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -64,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.stdout.flush()
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except RedisError as exc:  # a reply the command did not expect (a key of another type...)
+        _fail(f"Redis answered with an error: {exc}", 1)
     except KeyboardInterrupt:
         code = INTERRUPTED
     except BrokenPipeError:
@@ -81,5 +85,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"hopbus: error: {message}", file=sys.stderr)
         sys.exit(exc.exit_code)
     if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code
-        print("hopbus: interrupted", file=sys.stderr)
+        exit_interrupted()
     sys.exit(code if isinstance(code, int) else 0)

@@ -21,6 +21,7 @@ from hopbus.config import (
     load_toml,
     make_config,
 )
+from hopbus.heterogeneity import SlowdownScope
 from hopbus.modes import Approach, Mode
 from hopbus.topology import NAMES
 
@@ -108,11 +109,16 @@ Slowdown = Annotated[
         extra=(
             "e.g. random:6 (each worker 6x slower with probability 1/n per iteration), "
             "fixed:4@0 (worker 0 4x slower always; below 1 is faster), link:50@0-1 (50 extra "
-            "milliseconds per message between workers 0 and 1)."
+            "milliseconds per message between workers 0 and 1), link:0.2/1Gbit@0-1 (0.2 ms "
+            "plus the message's bytes at 1 Gbit/s), machines:4,4@0/125MB (two machines, each "
+            "uplink shared by its edges to the other). Bandwidths: bit, kbit, Mbit, Gbit, B, "
+            "kB, MB, GB per second."
         ),
     ),
 ]
 Seed = Annotated[int | None, _opt("seed")]
+SlowdownScopeOpt = Annotated[SlowdownScope | None, _opt("slowdown_scope")]
+MessageBytes = Annotated[str | None, _opt("message_bytes", metavar="BYTES")]
 ApproachOpt = Annotated[
     Approach | None,
     _opt(
@@ -130,6 +136,11 @@ SyncPeriod = Annotated[int | None, _opt("sync_period", panel=PANEL_SCHEMES)]
 ComputeTime = Annotated[float | None, _opt("compute_time", panel=PANEL_SIM)]
 Latency = Annotated[float | None, _opt("latency", panel=PANEL_SIM)]
 Jitter = Annotated[float | None, _opt("jitter", panel=PANEL_SIM)]
+_SIZE = "In the simulator: only the size of an update, charged on links with a bandwidth."
+SimModel = Annotated[str | None, _opt("model", panel=PANEL_SIM, extra=_SIZE)]
+SimData = Annotated[str | None, _opt("data", panel=PANEL_SIM, extra=_SIZE)]
+SimDataDir = Annotated[str | None, _opt("data_dir", panel=PANEL_SIM)]
+SimHidden = Annotated[int | None, _opt("hidden", panel=PANEL_SIM)]
 TrainWorkers = Annotated[
     int | None,
     typer.Option(
@@ -181,7 +192,7 @@ RunId = Annotated[
         rich_help_panel=PANEL_CLUSTER,
     ),
 ]
-DEFAULT_BIND = "tcp://127.0.0.1:*"
+
 Bind = Annotated[
     str,
     typer.Option(
@@ -290,8 +301,28 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
         "group_size": m is not Mode.WAGMA,
         "sync_period": m is not Mode.WAGMA,
     }
+    from hopbus.heterogeneity import FixedSlowdown, RandomSlowdown, parse
     from hopbus.models.tf import TF_MODELS
 
+    parts = parse(cfg.slowdown)
+    if given.get("message_bytes") is not None and not any(
+        getattr(p, "s_per_byte", 0) for p in parts
+    ):
+        warnings.warn(
+            "--message-bytes has no effect without a bandwidth in --slowdown "
+            "(link:MS/BW@I-J or machines:A,B,..@MS/BW): only bandwidths charge bytes",
+            UserWarning,
+            stacklevel=2,
+        )
+    if given.get("slowdown_scope") == "iteration" and not any(
+        isinstance(p, RandomSlowdown | FixedSlowdown) for p in parts
+    ):
+        warnings.warn(
+            "--slowdown-scope iteration has no effect without a random:... or fixed:... part "
+            "in --slowdown: nobody is slowed",
+            UserWarning,
+            stacklevel=2,
+        )
     if given.get("device") not in (None, "auto") and cfg.model not in TF_MODELS:
         warnings.warn(
             f"--device has no effect with --model {cfg.model}: the numpy models run on the CPU",

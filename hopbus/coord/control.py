@@ -9,7 +9,6 @@ every gap between two workers at any instant can be replayed from the stream alo
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +17,11 @@ from typing import Any
 import msgpack
 import redis
 
+from hopbus.coord import read
+from hopbus.coord.client import PinnedScript
 from hopbus.coord.keys import RunKeys
 from hopbus.errors import DeclaredDead
+from hopbus.jsonout import dumps
 
 PROGRESS_MAXLEN = 1_000_000  # entries kept (approximately): a 16-worker run of 60k iterations
 EVENTS_MAXLEN = 10_000
@@ -35,6 +37,23 @@ local function outdated(inckey, deadkey, joinkey, w, mine, joiner)
   if inc and inc ~= mine then return true end
   if redis.call('SISMEMBER', deadkey, w) == 0 then return false end
   return not (joiner and redis.call('SISMEMBER', joinkey, w) == 1)
+end
+"""
+
+# The one rule for "has worker W finished?", for the scripts that must not act on a forged or
+# stale report: its result parses, says the run's last iteration, which its counter holds, and
+# comes from its current incarnation (hopbus/coord/read.py states the same rule for readers).
+_FINISHED = """
+local function finished(resultkey, inckey, iterkey, w, total)
+  local raw = redis.call('HGET', resultkey, w)
+  if not raw then return false end
+  local ok, res = pcall(cjson.decode, raw)
+  if not ok or type(res) ~= 'table' then return false end
+  local its = tonumber(res['iterations'])
+  if its == nil or its ~= tonumber(total) then return false end
+  if tonumber(redis.call('GET', iterkey) or '-1') ~= its then return false end
+  local inc = tonumber(redis.call('HGET', inckey, w) or '0')
+  return tonumber(res['incarnation'] or 0) == inc
 end
 """
 
@@ -64,9 +83,8 @@ local deadkey, joinkey = KEYS[#KEYS], KEYS[#KEYS - 1]
 if outdated(KEYS[#KEYS - 2], deadkey, joinkey, ARGV[11 + nt], ARGV[12 + nt], false) then
   return redis.error_reply('HOPBUSDEAD ' .. KEYS[1])
 end
-if cur ~= ARGV[1] then
-  return redis.error_reply('HOPBUS iteration counter of ' .. KEYS[1] .. ' is ' ..
-    tostring(cur) .. ', expected ' .. ARGV[1])
+if cur ~= ARGV[1] then  -- a broker restored from an older snapshot: its state is stale
+  return redis.error_reply('HOPBUSLOST ' .. KEYS[1] .. ' is ' .. string.sub(tostring(cur), 1, 30))
 end
 local skip, dead, joining = {}, {}, {}
 if redis.call('SCARD', deadkey) > 0 then
@@ -105,15 +123,22 @@ return {1, id, floors, dead, joining}
 )
 
 # Declare worker ARGV[1] dead, once: unless its heartbeat is there (ARGV[4] = '1': the caller
-# knows the process is gone, e.g. the launcher saw it exit) or it published its result, or
-# it has no iteration counter (never started, or a restarted Redis lost it: not known dead).
-# KEYS: 1 its heartbeat, 2 dead set, 3 events, 4 progress, 5 its iteration, 6 results
-# ARGV: 1 worker, 2 who declares, 3 time, 4 force, 5 events maxlen, 6 progress maxlen
+# knows the process is gone, e.g. the launcher saw it exit) or it has ``finished``, or it has
+# no iteration counter (never started, or a restarted Redis lost it: not known dead).
+# Without ``force``, a worker whose state is not known to be in this broker (its mark is
+# another broker's: Redis restarted, and it has not put its state back yet) is not judged.
+# KEYS: 1 its heartbeat, 2 dead set, 3 events, 4 progress, 5 its iteration, 6 results,
+#       7 incarnation hash, 8 the broker marks
+# ARGV: 1 worker, 2 who declares, 3 time, 4 force, 5 events maxlen, 6 progress maxlen,
+#       7 the run's iterations, 8 the broker's run id as the caller knows it
 # Returns 1 if it is (now or already) dead, 0 if it is alive or finished.
-_DECLARE_DEAD = """
+_DECLARE_DEAD = (
+    _FINISHED
+    + """
 if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if redis.call('HEXISTS', KEYS[6], ARGV[1]) == 1 then return 0 end
+if ARGV[4] ~= '1' and redis.call('HGET', KEYS[8], ARGV[1]) ~= ARGV[8] then return 0 end
+if finished(KEYS[6], KEYS[7], KEYS[5], ARGV[1], ARGV[7]) then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])
   local it = redis.call('GET', KEYS[5]) or '0'
@@ -124,18 +149,21 @@ if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
 end
 return 1
 """
+)
 
-# KEYS[1] iter, KEYS[2..] token queues; ARGV[1] count, ARGV[2] the iteration to start in
+# KEYS[1] iter, KEYS[2] the broker marks, KEYS[3..] token queues
+# ARGV[1] count, ARGV[2] the iteration to start in, ARGV[3] worker, ARGV[4] the broker's run id
 _START = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('HOPBUS worker already started: ' .. KEYS[1] .. ' exists')
 end
 redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
 local n = tonumber(ARGV[1])
 if n > 0 then
   local values = {}
   for i = 1, n do values[i] = ARGV[2] end
-  for k = 2, #KEYS do redis.call('RPUSH', KEYS[k], unpack(values)) end
+  for k = 3, #KEYS do redis.call('RPUSH', KEYS[k], unpack(values)) end
 end
 return 1
 """
@@ -149,9 +177,10 @@ return 1
 # progress entry restore=1 tells readers of the stream where it is: entries it wrote before the
 # restart that they had not read yet are gone with the old stream.
 # KEYS: 1 its iter, 2 its heartbeat, 3 addr, 4 meta, 5 dead set, 6 events, 7 incarnation hash,
-#       8 progress
+#       8 progress, 9 the broker marks
 # ARGV: 1 worker, 2 iteration, 3 heartbeat ttl ms, 4 endpoint, 5 config JSON, 6 time,
-#       7 events maxlen, 8 its incarnation, 9 progress maxlen, then the workers it knows dead
+#       7 events maxlen, 8 its incarnation, 9 progress maxlen, 10 the broker's run id, then the
+#       workers it knows dead
 _RESTORE = """
 local inc = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or '0')
 if inc > tonumber(ARGV[8]) then return redis.error_reply('HOPBUSDEAD ' .. KEYS[1]) end
@@ -164,7 +193,8 @@ redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 redis.call('HSETNX', KEYS[4], 'config', ARGV[5])
 redis.call('HSETNX', KEYS[4], 'status', 'running')
-for i = 10, #ARGV do
+redis.call('HSET', KEYS[9], ARGV[1], ARGV[10])
+for i = 11, #ARGV do
   if redis.call('HEXISTS', KEYS[7], ARGV[i]) == 0 then redis.call('SADD', KEYS[5], ARGV[i]) end
 end
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[9], '*', 'worker', ARGV[1], 'iter', ARGV[2],
@@ -175,11 +205,14 @@ return 1
 """
 
 # Rebuild TokenQ(j->i) from the invariant: max_ig + Iter(j) - Iter(i) tokens (none if negative).
-# KEYS: 1 iter:j, 2 iter:i, 3 the queue; ARGV: 1 max_ig. Returns 0 while either counter is
-# missing (that worker has not put its state back yet).
+# KEYS: 1 iter:j, 2 iter:i, 3 the queue, 4 the broker marks; ARGV: 1 max_ig, 2 j, 3 i, 4 the
+# broker's run id. Returns 0 while either worker has not put its state back in this broker
+# (its counter missing, or one a stale snapshot held: its mark is another broker's).
 _REBUILD = """
 local j, i = redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])
 if not j or not i then return 0 end
+if redis.call('HGET', KEYS[4], ARGV[2]) ~= ARGV[4] then return 0 end
+if redis.call('HGET', KEYS[4], ARGV[3]) ~= ARGV[4] then return 0 end
 redis.call('DEL', KEYS[3])
 local n = tonumber(ARGV[1]) + tonumber(j) - tonumber(i)
 if n > 0 then
@@ -191,17 +224,36 @@ return 1
 """
 
 
+# A process takes worker ARGV[1]'s place at the start of a run: refused (the reason is
+# returned) if another process beats as that worker, it started already (its counter: a dead
+# worker comes back only as a replacement, --rejoin) or finished; otherwise its first
+# heartbeat and its endpoint, in one step, so a refused process writes nothing into the run.
+# KEYS: 1 its iter, 2 hb, 3 results, 4 addr; ARGV: 1 worker, 2 endpoint, 3 time, 4 ttl ms
+_CLAIM = """
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'it finished already' end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'another process runs as it' end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 'it started already (a dead worker comes back as a replacement: --rejoin)'
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+return ''
+"""
+
 # A replacement for dead worker ARGV[1] announces itself (hopbus worker --rejoin): its heartbeat,
 # its new endpoint, and a place in the joining set, so its in-neighbours send to it again.
 # Refused (the reason, a string, is returned) unless the worker is dead, the run goes on, and no
 # other process beats for that id; otherwise returns the replacement's incarnation (a number:
 # 1 for the first replacement of that id, and so on), which outdates every earlier process.
-# KEYS: 1 hb, 2 dead, 3 joining, 4 addr, 5 stop, 6 result, 7 events, 8 incarnation hash
-# ARGV: 1 worker, 2 endpoint, 3 heartbeat ttl ms, 4 time, 5 events maxlen
-_BEGIN_REJOIN = """
+# KEYS: 1 hb, 2 dead, 3 joining, 4 addr, 5 stop, 6 result, 7 events, 8 incarnation hash,
+#       9 its iter
+# ARGV: 1 worker, 2 endpoint, 3 heartbeat ttl ms, 4 time, 5 events maxlen, 6 the run's iterations
+_BEGIN_REJOIN = (
+    _FINISHED
+    + """
 local stop = redis.call('GET', KEYS[5])
-if stop then return 'the run was stopped: ' .. stop end
-if redis.call('HEXISTS', KEYS[6], ARGV[1]) == 1 then return 'it already finished' end
+if stop then return 'the run was stopped: ' .. string.sub(stop, 1, 500) end
+if finished(KEYS[6], KEYS[8], KEYS[9], ARGV[1], ARGV[6]) then return 'it already finished' end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
   return 'it is not dead (its heartbeat is live, or the run has not declared it dead yet)'
 end
@@ -214,6 +266,7 @@ redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'rejoining', 'w
   ARGV[1], 't', ARGV[4], 'endpoint', ARGV[2], 'incarnation', inc)
 return inc
 """
+)
 
 # A replacement that did not get in leaves the joining set and drops its heartbeat, if it is
 # still the newest incarnation. KEYS: 1 incarnation hash, 2 joining, 3 hb; ARGV: 1 worker, 2 its
@@ -233,9 +286,10 @@ return 1
 # Neighbours that are dead are skipped (their own commit rebuilds their queues).
 # KEYS: 1 its iter, 2 dead, 3 joining, 4 hb, 5 progress, 6 events, then per in-neighbour j:
 #       iter:j and TokenQ(self->j), then per out-neighbour m: iter:m and TokenQ(m->self),
-#       last the incarnation hash
+#       then the broker marks, last the incarnation hash
 # ARGV: 1 worker, 2 k, 3 max_ig, 4 ni, 5 no, 6 time, 7 progress maxlen, 8 events maxlen,
-#       then the ni in-neighbours' ids, then the no out-neighbours' ids, last its incarnation
+#       then the ni in-neighbours' ids, then the no out-neighbours' ids, the broker's run id,
+#       last its incarnation
 _COMMIT_REJOIN = """
 local k, ig = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ni, no = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -269,6 +323,7 @@ for _, q in ipairs(fill) do
 end
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[#KEYS - 1], ARGV[1], ARGV[#ARGV - 1])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'worker', ARGV[1], 'iter', k,
   'rejoin', '1', 't', ARGV[6])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'rejoin', 'worker', ARGV[1],
@@ -333,16 +388,25 @@ class StateLostError(Exception):
 class RunControl:
     """Worker ``worker``'s control-plane operations in run ``keys.run``."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, worker: int) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, worker: int, *, iterations: int = 0
+    ) -> None:
+        """``iterations``: the run's, what a finished worker's report says (declare_dead and
+        begin_rejoin tell a real report from a forged or stale one by it)."""
         self.r = client
         self.keys = keys
         self.worker = worker
-        self._advance = client.register_script(_ADVANCE)
+        self.iterations_total = iterations
+        # the broker instance this process's view of the run is of (broker_id): it marks the
+        # worker's state with it, and trusts others' only under the same mark
+        self.epoch = ""
+        self._advance = PinnedScript(client, client.register_script(_ADVANCE))  # every iteration
         self._start = client.register_script(_START)
         self._declare_dead = client.register_script(_DECLARE_DEAD)
         self._restore = client.register_script(_RESTORE)
         self._rebuild = client.register_script(_REBUILD)
         self._begin_rejoin = client.register_script(_BEGIN_REJOIN)
+        self._claim = client.register_script(_CLAIM)
         self._commit_rejoin = client.register_script(_COMMIT_REJOIN)
         self._abort_rejoin = client.register_script(_ABORT_REJOIN)
         self._beat = client.register_script(_BEAT)
@@ -352,6 +416,7 @@ class RunControl:
         self.incarnation = 0
         self.floors: dict[int, int] = {}  # out-neighbours' floors, read by the last advance
         self.joining: frozenset[int] = frozenset()  # dead workers coming back, as last read
+        self._shapes: dict[tuple, tuple[list[str], bytes]] = {}  # _advance_shape's
 
     def _call(self, script: Any, keys: list, args: list) -> Any:
         """``script``, with the scripts' refusals as exceptions: HOPBUSLOST (Redis lost this
@@ -369,12 +434,22 @@ class RunControl:
     # -- iterations and tokens ------------------------------------------------------------------
     def start(self, put_to: Sequence[int], count: int, at: int = 0) -> None:
         """Iter(self) = ``at`` (0, or a resumed run's checkpoint iteration) and ``count``
-        tokens into TokenQ(self->j) for j in ``put_to``."""
+        tokens into TokenQ(self->j) for j in ``put_to``; this worker's state marked as in the
+        broker ``self.epoch``."""
         k = self.keys
         self._start(
-            keys=[k.iter(self.worker), *(k.tok(self.worker, j) for j in put_to)],
-            args=[count, at],
+            keys=[k.iter(self.worker), k.marks, *(k.tok(self.worker, j) for j in put_to)],
+            args=[count, at, self.worker, self.epoch],
         )
+
+    def broker_id(self) -> str:
+        """The broker instance's identity (Redis's run id, new at every start, also after a
+        restore from a snapshot); '' where INFO is not allowed (no restart is then noticed
+        this way, only by a missing counter)."""
+        try:
+            return str(self.r.info("server").get("run_id", ""))
+        except redis.ResponseError:  # NOPERM: an ACL without INFO
+            return ""
 
     def try_advance(
         self,
@@ -395,33 +470,44 @@ class RunControl:
 
         Returns (None, dead workers) once entered or, taking nothing, (the first j whose queue
         is short, dead workers)."""
-        k = self.keys
-        owners = list(need)
+        owners = tuple(need)
         jump = to - start if to - start > 1 else 0
         flat = ["worker", str(self.worker), "iter", str(to), "jump", str(jump)]
         for name, value in fields.items():
             flat += [name, str(_field(value))]
-        keys = [
-            k.iter(self.worker),
-            k.progress,
-            k.floor(self.worker),
-            *(k.tok(j, self.worker) for j in owners),
-            *(k.tok(self.worker, j) for j in put_to),
-            *(k.floor(j) for j in floors_of),
-            k.incarnation,
-            k.joining,
-            k.dead,
-        ]
+        keys, peers = self._advance_shape(owners, tuple(put_to), tuple(floors_of))
         args = [start, to, PROGRESS_MAXLEN, len(owners), len(put_to), len(floors_of)]
         args += ["" if floor is None else floor, *(need[j] for j in owners)]
-        args += [msgpack.packb(flat), msgpack.packb([*owners, *put_to]), k.hb_prefix]
-        args += [self.worker, self.incarnation]
+        args += [msgpack.packb(flat), peers, self.keys.hb_prefix, self.worker, self.incarnation]
         res = self._call(self._advance, keys, args)
-        self.joining = frozenset(int(w) for w in res[-1])
+        self.joining = _members(res[-1])
         if res[0] == 0:
-            return owners[int(res[1]) - 1], frozenset(int(d) for d in res[2])
-        self.floors = {j: int(v) if v else 0 for j, v in zip(floors_of, res[2], strict=True)}
-        return None, frozenset(int(d) for d in res[3])
+            return owners[int(res[1]) - 1], _members(res[2])
+        self.floors = {j: read.integer(v) or 0 for j, v in zip(floors_of, res[2], strict=True)}
+        return None, _members(res[3])
+
+    def _advance_shape(
+        self, owners: tuple[int, ...], put_to: tuple[int, ...], floors_of: tuple[int, ...]
+    ) -> tuple[list[str], bytes]:
+        """The Advance's keys and packed peer list for these neighbours: the same every
+        iteration until a neighbour dies or comes back, so built once per shape."""
+        shape = (owners, put_to, floors_of)
+        got = self._shapes.get(shape)
+        if got is None:
+            k, w = self.keys, self.worker
+            keys = [
+                k.iter(w),
+                k.progress,
+                k.floor(w),
+                *(k.tok(j, w) for j in owners),
+                *(k.tok(w, j) for j in put_to),
+                *(k.floor(j) for j in floors_of),
+                k.incarnation,
+                k.joining,
+                k.dead,
+            ]
+            got = self._shapes[shape] = (keys, msgpack.packb([*owners, *put_to]))
+        return got
 
     # -- store floors (Sec. 6.2) ------------------------------------------------------------------
     def publish_floor(self, floor: int) -> None:
@@ -431,17 +517,27 @@ class RunControl:
         if not of:
             return {}
         values = self.r.mget([self.keys.floor(j) for j in of])
-        return {j: 0 if v is None else int(v) for j, v in zip(of, values, strict=True)}
+        return {j: read.integer(v) or 0 for j, v in zip(of, values, strict=True)}
 
     # -- registry ----------------------------------------------------------------------------
     def register(self, endpoint: str) -> None:
         self.r.hset(self.keys.addr, str(self.worker), endpoint)
 
+    def claim(self, endpoint: str, heartbeat_ms: int) -> str | None:
+        """Take this worker's place (its first heartbeat and its endpoint) unless another
+        process has it or had it; returns why not, or None."""
+        k, w = self.keys, self.worker
+        res = self._claim(
+            keys=[k.iter(w), k.hb(w), k.result, k.addr],
+            args=[w, endpoint, int(time.time() * 1000), heartbeat_ms],
+        )
+        return read.text(res) or None
+
     def endpoints(self, of: Sequence[int]) -> dict[int, str | None]:
         if not of:
             return {}
         values = self.r.hmget(self.keys.addr, [str(j) for j in of])
-        return {j: None if v is None else v.decode() for j, v in zip(of, values, strict=True)}
+        return {j: read.text(v, 300) for j, v in zip(of, values, strict=True)}
 
     # -- streams and results ----------------------------------------------------------------------
     def event(self, kind: str, **fields: Any) -> None:
@@ -459,7 +555,8 @@ class RunControl:
         DeclaredDead for a process declared dead or replaced meanwhile (it had frozen)."""
         k, w = self.keys, self.worker
         keys = [k.result, k.hb(w), k.dead, k.incarnation, k.joining, k.iter(w)]
-        self._call(self._finish, keys, [w, json.dumps(result), finished, self.incarnation])
+        report = {**result, "incarnation": self.incarnation}  # whose it is: read.result
+        self._call(self._finish, keys, [w, dumps(report), finished, self.incarnation])
 
     def publish_stats(self, stats: Mapping[str, int]) -> None:
         if stats:
@@ -473,17 +570,16 @@ class RunControl:
         k = self.keys
         return bool(
             self._declare_dead(
-                keys=[k.hb(worker), k.dead, k.events, k.progress, k.iter(worker), k.result],
+                keys=[
+                    k.hb(worker), k.dead, k.events, k.progress, k.iter(worker), k.result,
+                    k.incarnation, k.marks,
+                ],
                 args=[
-                    worker,
-                    self.worker,
-                    time.time(),
-                    "1" if force else "0",
-                    EVENTS_MAXLEN,
-                    PROGRESS_MAXLEN,
+                    worker, self.worker, time.time(), "1" if force else "0", EVENTS_MAXLEN,
+                    PROGRESS_MAXLEN, self.iterations_total, self.epoch,
                 ],
             )
-        )
+        )  # fmt: skip
 
     def restore(
         self,
@@ -498,17 +594,19 @@ class RunControl:
         heartbeat, its endpoint, the run's config (if no one did yet) and the dead it knows."""
         k = self.keys
         keys = [k.iter(self.worker), k.hb(self.worker), k.addr, k.meta, k.dead, k.events]
-        keys += [k.incarnation, k.progress]
+        keys += [k.incarnation, k.progress, k.marks]
         args = [self.worker, iteration, heartbeat_ms, endpoint, config, time.time()]
-        args += [EVENTS_MAXLEN, self.incarnation, PROGRESS_MAXLEN, *dead]
+        args += [EVENTS_MAXLEN, self.incarnation, PROGRESS_MAXLEN, self.epoch, *dead]
         self._call(self._restore, keys, args)
 
     def rebuild_tokens(self, owner: int, max_ig: int) -> bool:
-        """TokenQ(owner->self) from the invariant; False while a counter is still missing."""
+        """TokenQ(owner->self) from the invariant; False while either end has not put its
+        state back in this broker (``self.epoch``)."""
         k = self.keys
         return bool(
             self._rebuild(
-                keys=[k.iter(owner), k.iter(self.worker), k.tok(owner, self.worker)], args=[max_ig]
+                keys=[k.iter(owner), k.iter(self.worker), k.tok(owner, self.worker), k.marks],
+                args=[max_ig, owner, self.worker, self.epoch],
             )
         )
 
@@ -520,9 +618,12 @@ class RunControl:
         k = self.keys
         w = self.worker
         res = self._begin_rejoin(
-            keys=[k.hb(w), k.dead, k.joining, k.addr, k.stop, k.result, k.events, k.incarnation],
-            args=[w, endpoint, heartbeat_ms, time.time(), EVENTS_MAXLEN],
-        )
+            keys=[
+                k.hb(w), k.dead, k.joining, k.addr, k.stop, k.result, k.events, k.incarnation,
+                k.iter(w),
+            ],
+            args=[w, endpoint, heartbeat_ms, time.time(), EVENTS_MAXLEN, self.iterations_total],
+        )  # fmt: skip
         if isinstance(res, int):
             self.incarnation = res
             return None
@@ -543,8 +644,8 @@ class RunControl:
         for m in outs:
             keys += [k.iter(m), k.tok(m, w)]
         args = [w, iteration, max_ig, len(ins), len(outs), time.time()]
-        keys.append(k.incarnation)
-        args += [PROGRESS_MAXLEN, EVENTS_MAXLEN, *ins, *outs, self.incarnation]
+        keys += [k.marks, k.incarnation]
+        args += [PROGRESS_MAXLEN, EVENTS_MAXLEN, *ins, *outs, self.epoch, self.incarnation]
         res = self._commit_rejoin(keys=keys, args=args)
         if int(res[0]) == 1:
             return None
@@ -563,10 +664,10 @@ class RunControl:
         if not of:
             return {}
         values = self.r.mget([self.keys.iter(j) for j in of])
-        return {j: None if v is None else int(v) for j, v in zip(of, values, strict=True)}
+        return {j: read.integer(v) for j, v in zip(of, values, strict=True)}
 
     def dead(self) -> frozenset[int]:
-        return frozenset(int(x) for x in self.r.smembers(self.keys.dead))
+        return _members(self.r.smembers(self.keys.dead))
 
     def standing(self) -> tuple[bool, bool]:
         """(Redis holds this worker's counter, this process is still the worker: neither in
@@ -593,7 +694,7 @@ class RunControl:
         if self.r.set(self.keys.stop, reason, nx=True):
             self.event("stop", message=reason)
             return reason
-        return (self.r.get(self.keys.stop) or b"").decode() or reason
+        return read.text(self.r.get(self.keys.stop), 500) or reason
 
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
         pipe = self.r.pipeline(transaction=False)
@@ -602,12 +703,17 @@ class RunControl:
         return {j: bool(x) for j, x in zip(of, pipe.execute(), strict=True)}
 
 
+def _members(values: Any) -> frozenset[int]:
+    """Node ids among a set's members (anything else, forged or garbled, left out)."""
+    return frozenset(i for i in (read.integer(v) for v in values or ()) if i is not None)
+
+
 def _field(value: Any) -> str | int | float:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float | str):
         return value
-    return json.dumps(value)
+    return dumps(value)
 
 
 class Heartbeat:
@@ -636,6 +742,7 @@ class Heartbeat:
         # newer replacement, stops beating and is told (``declared_dead``).
         self.may_be_dead = False
         self.declared_dead = False
+        self.restarted = False  # the broker is another instance than the one the state is in
 
     @staticmethod
     def ttl_ms_for(ttl_s: float) -> int:
@@ -653,11 +760,17 @@ class Heartbeat:
         stats = self.stats() if self.stats is not None else None
         if stats:
             pipe.hset(k.stats(c.worker), mapping=dict(stats))
-        beating, stop = pipe.execute()[0]
+        if c.epoch:  # the broker's identity, to notice a restart the main thread has not
+            pipe.info("server")
+        replies = pipe.execute()
+        beating, stop = replies[0]
         if not beating:
             self.declared_dead = True
         if stop:
-            self.stopped = stop.decode(errors="replace")
+            self.stopped = read.text(stop, 500)
+        if c.epoch and isinstance(replies[-1], dict):
+            now = str(replies[-1].get("run_id", ""))
+            self.restarted = now != c.epoch  # the worker puts its state back (Worker._restore)
 
     def start(self) -> Heartbeat:
         self.beat()

@@ -20,6 +20,9 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:dead | set | workers declared dead (heartbeat gone without a result) |
 | hop:{R}:joining | set | dead workers whose replacement is coming in (``hopbus worker --rejoin``) |
 | hop:{R}:stop | string | why the run was stopped (a dead worker it cannot do without, ...) |
+| hop:{R}:marks | hash | worker id -> the Redis run id its state was put in (start, restore) |
+| hop:{R}:initial | hash | worker 0's initial parameters as an update's frames: every worker's x_0 |
+| hop:{R}:sketch | hash | worker id -> sketch of its final parameters (consensus distance) |
 
 A parameter server (``--mode ps-*``) is node N of a run of N workers: its endpoint, heartbeat
 and result use id N.
@@ -106,6 +109,19 @@ class RunKeys:
     @property
     def stop(self) -> str:
         return self.prefix + "stop"
+
+    @property
+    def marks(self) -> str:
+        """worker id -> the broker instance (Redis's run id) its state was put in last."""
+        return self.prefix + "marks"
+
+    @property
+    def initial(self) -> str:
+        return self.prefix + "initial"
+
+    @property
+    def sketch(self) -> str:
+        return self.prefix + "sketch"
 
     def iter(self, worker: int) -> str:
         return f"{self.prefix}iter:{worker}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -47,14 +48,35 @@ def restore_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], vers
         client.hsetnx(keys.meta, name, value)
 
 
-def load_config(client: redis.Redis, keys: RunKeys, *, timeout: float) -> dict[str, Any]:
-    """The run's configuration, waiting up to ``timeout`` seconds for it to be created."""
-    deadline = time.monotonic() + timeout
+SAY_AFTER_S = 2.0  # a run still missing after this long is said to be waited for
+
+
+def load_config(
+    client: redis.Redis, keys: RunKeys, *, timeout: float, say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The run's configuration, waiting up to ``timeout`` seconds for it to be created (a
+    container may start before the one that creates the run); after SAY_AFTER_S, ``say`` is
+    told once what is waited for and which runs this Redis holds."""
+    from hopbus.coord import read
+
+    t0 = time.monotonic()
+    said = False
     while True:
         raw = client.hget(keys.meta, "config")
         if raw is not None:
-            return json.loads(raw)
-        if time.monotonic() >= deadline:
+            cfg = read.json_object(raw)
+            if cfg is None:
+                raise RunStateError(f"run {keys.run!r}: {keys.meta} holds no readable config")
+            return cfg
+        waited = time.monotonic() - t0
+        if say is not None and not said and waited >= SAY_AFTER_S:
+            said = True
+            others = ", ".join(list_runs(client)[:10]) or "none"
+            say(
+                f"run {keys.run!r} is not in this Redis yet: waiting up to {timeout:g} s for "
+                f"it to be created (hopbus create or train); runs here: {others}"
+            )
+        if waited >= timeout:
             raise RunStateError(
                 f"run {keys.run!r} has no configuration in Redis ({keys.meta}) after "
                 f"{timeout:g} s: start it with hopbus train, or check --run and --redis"
@@ -73,6 +95,56 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
 
 def set_status(client: redis.Redis, keys: RunKeys, status: str) -> None:
     client.hset(keys.meta, "status", status)
+
+
+def status_of(client: redis.Redis, keys: RunKeys) -> str:
+    """``run_status`` with the run's size read from its recorded config ("unknown" without
+    one: a run some other tool left half-made)."""
+    from hopbus.coord import read
+
+    cfg = read.json_object(client.hget(keys.meta, "config")) or {}
+    workers = read.integer(cfg.get("workers"), 1, 100_000)
+    iterations = read.integer(cfg.get("iterations"), 1)
+    if workers is None or iterations is None:
+        return read.text(client.hget(keys.meta, "status"), 40) or "unknown"
+    return run_status(client, keys, workers, iterations)
+
+
+def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int) -> str:
+    """What the run's own keys say it is, whatever its recorded ``status`` says (a launcher
+    killed with the laptop lid never wrote "finished"; a run followed by nobody has nobody
+    to write it): ``finished`` when every worker's final report counts (coord/read.py),
+    ``failed`` when the run was stopped, ``running`` while some node's heartbeat is alive,
+    ``abandoned`` when it started but nothing beats any more, otherwise the recorded status
+    (``starting``, or ``stopped`` after Ctrl-C)."""
+    from hopbus.coord import read
+
+    recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.result)
+    pipe.mget([keys.iter(i) for i in range(workers)])
+    pipe.hgetall(keys.incarnation)
+    pipe.exists(keys.stop)
+    pipe.mget([keys.hb(i) for i in range(workers + 1)])  # and a parameter server's, node N
+    results, counters, incarnations, stopped, beats = pipe.execute()
+    finished = sum(
+        read.result(
+            results.get(str(i).encode()), counter=counters[i],
+            incarnation=incarnations.get(str(i).encode()), iterations=iterations,
+        ) is not None
+        for i in range(workers)
+    )  # fmt: skip
+    if finished == workers:
+        return "finished"
+    if stopped:
+        return "failed"
+    if any(b is not None and b != b"finished" for b in beats):
+        return "running"
+    if recorded == "stopped":
+        return recorded
+    if any(c is not None for c in counters) or recorded == "running":
+        return "abandoned"
+    return recorded
 
 
 def list_runs(client: redis.Redis) -> list[str]:

@@ -6,20 +6,20 @@ containers, or one that has ended but whose keys are still there.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import redis
 
 from hopbus.config import TrainConfig, make_config
+from hopbus.coord import read
 from hopbus.coord.keys import RunKeys
-from hopbus.coord.runs import RunStateError
+from hopbus.coord.runs import RunStateError, run_status
 from hopbus.coord.tokens import queue_sizes, token_edges
 
 
 def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode(errors="replace") for k, v in d.items()}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in d.items()}
 
 
 def _entries(raw: list) -> list[dict[str, Any]]:
@@ -38,11 +38,14 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
             f"no run {keys.run!r} in this Redis ({keys.meta} does not exist); "
             "hopbus inspect --list shows the runs there"
         )
-    cfg = make_config(json.loads(meta["config"]), cls=TrainConfig)
+    raw_cfg = read.json_object(meta.get("config"))
+    if raw_cfg is None:
+        raise RunStateError(f"run {keys.run!r}: {keys.meta} holds no readable config")
+    cfg = make_config(raw_cfg, cls=TrainConfig)
     cfg, topo = cfg.build_topology()
     n = topo.n
     iters_raw = client.mget([keys.iter(i) for i in range(n)])
-    iters = [None if v is None else int(v) for v in iters_raw]
+    iters = [read.integer(v) for v in iters_raw]
     edges = token_edges(topo)
     sizes = queue_sizes(client, keys, edges)
     pipe = client.pipeline(transaction=False)
@@ -53,17 +56,20 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
     pipe.smembers(keys.dead)
     pipe.smembers(keys.joining)
     rest = pipe.execute()
-    dead, joining = ({int(x) for x in members} for members in rest[3 * n :])
+    dead, joining = (read.ids(members, n) for members in rest[3 * n :])
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
         hb, ttl, stats = rest[3 * i : 3 * i + 3]
+        beat = read.finite_number(hb)
         if hb is None:
             state = "gone" if iters[i] is not None else "not started"
         elif hb == b"finished":
             state = "finished"
+        elif beat is not None and ttl and ttl > 0:
+            state = f"alive ({(now_ms - beat) / 1000:.1f} s ago)"
         else:
-            state = f"alive ({(now_ms - float(hb)) / 1000:.1f} s ago)" if ttl and ttl > 0 else "?"
+            state = "?"
         if i in dead:  # docs/faults.md: declared dead; a replacement may be joining
             state = "dead, a replacement joining" if i in joining else "dead"
         workers.append(
@@ -71,7 +77,11 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
                 "worker": i,
                 "iteration": iters[i],
                 "state": state,
-                "stats": {k: int(v) for k, v in _decode(stats).items()},
+                "stats": {
+                    k: v
+                    for k, v in ((read.text(k, 64), read.integer(v)) for k, v in stats.items())
+                    if k is not None and v is not None
+                },
             }
         )
     known = [(i, it) for i, it in enumerate(iters) if it is not None]
@@ -94,16 +104,40 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
     }
     return {
         "run": keys.run,
-        "status": meta.get("status"),
-        "created": float(meta["created"]) if "created" in meta else None,
+        "status": run_status(client, keys, n, cfg.iterations),
+        "recorded_status": meta.get("status"),
+        "created": read.finite_number(meta.get("created")),
         "config": cfg.public(),
         "workers": workers,
         "token_queues": [
-            {"from": j, "to": i, "size": int(sz)} for (j, i), sz in zip(edges, sizes, strict=True)
+            {"from": j, "to": i, "size": sz} for (j, i), sz in zip(edges, sizes, strict=True)
         ],
         "gaps": gaps,
         "progress": _entries(client.xrevrange(keys.progress, count=last)) if last else [],
         "progress_entries": client.xlen(keys.progress),
         "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
-        "results": {k: json.loads(v) for k, v in _decode(client.hgetall(keys.result)).items()},
+        "results": _results(client, keys, cfg, n, iters),
     }
+
+
+def _results(
+    client: redis.Redis, keys: RunKeys, cfg: TrainConfig, n: int, iters: list[int | None]
+) -> dict[str, Any]:
+    """The final reports that count (coord/read.py), by node id as a string."""
+    raw = client.hgetall(keys.result)
+    incarnations = client.hgetall(keys.incarnation)
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        i = read.integer(k, 0, n)
+        if i is None:
+            continue
+        got = (
+            read.json_object(v)
+            if i == n
+            else read.result(
+                v, counter=iters[i], incarnation=incarnations.get(k), iterations=cfg.iterations
+            )
+        )
+        if got is not None:
+            out[str(i)] = got
+    return out

@@ -84,9 +84,12 @@ def token_edges(topo: Topology) -> list[tuple[int, int]]:
     return [(j, i) for i in range(topo.n) for j in topo.out_peers[i]]
 
 
-def queue_sizes(client: redis.Redis, keys: RunKeys, edges: Sequence[tuple[int, int]]) -> list[int]:
-    """Lengths of TokenQ(j->i) for every (j, i) in ``edges``, in one round trip."""
+def queue_sizes(
+    client: redis.Redis, keys: RunKeys, edges: Sequence[tuple[int, int]]
+) -> list[int | None]:
+    """Lengths of TokenQ(j->i) for every (j, i) in ``edges``, in one round trip; None for a
+    key that is not a list (something else wrote it)."""
     pipe = client.pipeline(transaction=False)
     for j, i in edges:
         pipe.llen(keys.tok(j, i))
-    return [int(n) for n in pipe.execute()]
+    return [n if isinstance(n, int) else None for n in pipe.execute(raise_on_error=False)]

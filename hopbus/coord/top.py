@@ -99,6 +99,7 @@ class TopReader:
         self._seen: dict[int, _Seen] = {}
         self._last_ms: int | None = None
         self._topo: tuple[TrainConfig, Topology] | None = None
+        self.malformed = 0  # progress entries that did not parse
 
     def _topology(self, cfg_public: dict[str, Any]) -> tuple[TrainConfig, Topology]:
         if self._topo is None:
@@ -113,8 +114,11 @@ class TopReader:
             got = read_entries(self.r, self.keys.progress, self._after, count=STREAM_CHUNK)
             for entry_id, rec in got:
                 ms = _ms(entry_id)
-                w, to = rec.get("worker"), rec.get("iter")
-                if w is None or to is None or any(rec.get(m) for m in MARKERS):
+                if rec is None:  # malformed (coord/read.py): not shown
+                    self.malformed += 1
+                    continue
+                w, to = rec["worker"], rec["iter"]
+                if any(rec.get(m) for m in MARKERS):
                     continue  # a death, a rejoin or a restore is not a step
                 s = self._seen.setdefault(w, _Seen())
                 jump = rec.get("jump", 0)
@@ -140,7 +144,7 @@ class TopReader:
         setting: GapSetting = cfg.gap_setting()
         iters = [w["iteration"] for w in snap["workers"]]
         sizes: dict[tuple[int, int], int] = {
-            (q["from"], q["to"]): q["size"] for q in snap["token_queues"]
+            (q["from"], q["to"]): q["size"] for q in snap["token_queues"] if q["size"] is not None
         }
         results = snap["results"]
         rows = [

@@ -5,8 +5,8 @@ Every loader returns a :class:`Dataset` of dense float32 features and int64 labe
 turns anything wrong with the user's files or spec into a one-line :class:`DataError`.
 """
 
-from hopbus.data.batches import Batches, shard
+from hopbus.data.batches import Batches, shard, shard_rows
 from hopbus.data.dataset import DataError, Dataset
 from hopbus.data.spec import DATA_GRAMMAR, load_dataset
 
-__all__ = ["DATA_GRAMMAR", "Batches", "DataError", "Dataset", "load_dataset", "shard"]
+__all__ = ["DATA_GRAMMAR", "Batches", "DataError", "Dataset", "load_dataset", "shard", "shard_rows"]

@@ -9,18 +9,30 @@ import numpy as np
 from hopbus.data.dataset import DataError, Dataset
 
 
-def shard(ds: Dataset, worker: int, n_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Worker ``worker``'s rows: one permutation from ``seed`` cut into ``n_workers`` near-equal,
-    disjoint pieces that together are the whole training set."""
-    n = len(ds.y_train)
+def shard_rows(
+    n: int, worker: int, n_workers: int, seed: int, name: str = "the data"
+) -> np.ndarray:
+    """Worker ``worker``'s rows of ``n``: one permutation from ``seed`` cut into ``n_workers``
+    near-equal, disjoint pieces that together are every row (sorted, so a sorted file stays
+    sorted). The one sharding rule, for hopbus's loaders and a script's ``ctx.shard``."""
     if n_workers < 1 or not 0 <= worker < n_workers:
         raise ValueError(f"worker {worker} is not one of {n_workers} workers")
     if n_workers > n:
         raise DataError(
-            f"{ds.name} has {n} training samples, too few for {n_workers} workers (one each)"
+            f"{name} has {n} training samples, too few for {n_workers} workers (one each)"
         )
     perm = np.random.default_rng(seed).permutation(n)
-    rows = np.sort(np.array_split(perm, n_workers)[worker])
+    return np.sort(np.array_split(perm, n_workers)[worker])
+
+
+def shard(ds: Dataset, worker: int, n_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worker ``worker``'s part of the training set (``shard_rows``); a data set loaded as that
+    share already (``Dataset.shard``) is it."""
+    if ds.shard is not None:
+        if ds.shard != (worker, n_workers):
+            raise ValueError(f"{ds.name} holds worker {ds.shard[0]}'s share, not worker {worker}'s")
+        return ds.x_train, ds.y_train
+    rows = shard_rows(len(ds.y_train), worker, n_workers, seed, ds.name)
     return ds.x_train[rows], ds.y_train[rows]
 
 
@@ -71,6 +83,8 @@ class Batches:
         order = np.asarray(order)
         if order.shape != (len(self.x),) or not 0 <= int(info["pos"]) <= len(self.x):
             raise ValueError(f"a minibatch position for {len(order)} rows, not {len(self.x)}")
+        if not np.array_equal(np.sort(order), np.arange(len(self.x))):
+            raise ValueError(f"the saved order is not a permutation of the {len(self.x)} rows")
         rng = np.random.default_rng()
         rng.bit_generator.state = info["rng"]
         self._rng = rng

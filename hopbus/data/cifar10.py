@@ -8,17 +8,20 @@ before it runs.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hopbus.data.dataset import DataError, Dataset
+from hopbus.data.batches import shard_rows
+from hopbus.data.dataset import DataError, Dataset, Keep
 
 N_CLASSES = 10
 N_PIXELS = 3072  # 32 x 32 x 3, channel-major as stored
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")  # a module.name fit to be quoted
 
 
 def _allowed() -> dict[tuple[str, str], Any]:
@@ -54,8 +57,13 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         found = self._allowed.get((module, name))
-        if found is None:
-            raise DataError(f"refusing to load {str(self._path)!r}: it asks for {module}.{name}")
+        if found is None:  # the names come from the file: quoted only if they are names
+            asked = f"{module}.{name}"
+            what = asked if _NAME.fullmatch(asked) else "something else"
+            raise DataError(
+                f"refusing to load {str(self._path)!r}: it asks for {what}, which a CIFAR-10 "
+                "batch never does"
+            )
         return found
 
 
@@ -81,9 +89,12 @@ def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"CIFAR-10 file {str(path)!r}: expected N x {N_PIXELS} data and N labels, "
             f"got {data.shape} and {None if labels is None else len(labels)} labels"
         )
-    y = np.asarray(labels, dtype=np.int64)
-    if len(y) and (y.min() < 0 or y.max() >= N_CLASSES):
-        raise DataError(f"CIFAR-10 file {str(path)!r}: labels outside 0..{N_CLASSES - 1}")
+    try:
+        y = np.asarray(labels, dtype=np.int64)
+    except (OverflowError, ValueError, TypeError):
+        y = None
+    if y is None or y.ndim != 1 or (len(y) and (y.min() < 0 or y.max() >= N_CLASSES)):
+        raise DataError(f"CIFAR-10 file {str(path)!r}: labels are not all in 0..{N_CLASSES - 1}")
     return data, y
 
 
@@ -94,8 +105,9 @@ def _scaled(pixels: np.ndarray) -> np.ndarray:
     return x
 
 
-def load_cifar10(folder: str) -> Dataset:
-    """Whichever of data_batch_1..5 exist (at least one) for training, test_batch for testing."""
+def load_cifar10(folder: str, keep: Keep = None) -> Dataset:
+    """Whichever of data_batch_1..5 exist (at least one) for training, test_batch for testing;
+    with ``keep``, only that worker's share of the training images becomes float32."""
     root = Path(folder)
     if not root.is_dir():
         why = "not a directory" if root.exists() else "no such directory"
@@ -107,6 +119,13 @@ def load_cifar10(folder: str) -> Dataset:
         raise DataError(f"CIFAR-10 folder {folder!r} has no {TEST_FILE}")
     parts = [_load_batch(p) for p in train_paths]
     pixels_test, y_test = _load_batch(root / TEST_FILE)
-    x_train = _scaled(np.concatenate([x for x, _ in parts]))
+    pixels = np.concatenate([x for x, _ in parts])
     y_train = np.concatenate([y for _, y in parts])
-    return Dataset("cifar10", x_train, y_train, _scaled(pixels_test), y_test, N_CLASSES)
+    shard = None
+    if keep is not None:
+        worker, workers, seed = keep
+        rows = shard_rows(len(y_train), worker, workers, seed, "cifar10")
+        pixels, y_train, shard = pixels[rows], y_train[rows], (worker, workers)
+    return Dataset(
+        "cifar10", _scaled(pixels), y_train, _scaled(pixels_test), y_test, N_CLASSES, shard=shard
+    )

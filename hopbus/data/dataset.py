@@ -16,9 +16,16 @@ class DataError(UserError):
     """A data set spec or data file that cannot be used."""
 
 
+Keep = tuple[int, int, int] | None
+"""(worker, workers, seed): load only that worker's share of the training rows (each worker
+process then holds its own share, not the whole set: batches.shard_rows decides which)."""
+
+
 @dataclass(frozen=True)
 class Dataset:
-    """Dense float32 features (2-D) and int64 labels in 0..n_classes-1, split train/test."""
+    """float32 features, one row per sample along the first axis (2-D for hopbus's loaders; a
+    user's ``--data`` may keep images' shape), and labels: int64 in 0..n_classes-1, or float32
+    targets for a user's Keras model (``n_classes`` 0). Split train/test."""
 
     name: str
     x_train: np.ndarray
@@ -26,18 +33,24 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     n_classes: int
+    shard: tuple[int, int] | None = None  # (worker, workers): x_train is that worker's share
 
     def __post_init__(self) -> None:
         for x, y in ((self.x_train, self.y_train), (self.x_test, self.y_test)):
-            if x.ndim != 2 or x.dtype != np.float32 or y.dtype != np.int64 or len(x) != len(y):
+            if (
+                x.ndim < 2
+                or x.dtype != np.float32
+                or y.dtype not in (np.int64, np.float32)
+                or len(x) != len(y)
+            ):
                 raise ValueError(f"{self.name}: malformed arrays {x.shape}/{x.dtype}, {y.shape}")
-        if self.x_train.shape[1] != self.x_test.shape[1]:
+        if self.x_train.shape[1:] != self.x_test.shape[1:]:
             raise ValueError(f"{self.name}: train and test have different feature counts")
 
     @property
     def n_features(self) -> int:
-        """Columns of x (the model's input size)."""
-        return int(self.x_train.shape[1])
+        """Numbers per sample (the input size of a model that takes flat rows)."""
+        return int(np.prod(self.x_train.shape[1:]))
 
 
 def check_dense_size(what: str, rows: int, cols: int) -> None:

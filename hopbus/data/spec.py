@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hopbus.data.dataset import DataError, Dataset
+from hopbus.data.dataset import DataError, Dataset, Keep
 
 DATA_GRAMMAR = (
-    "digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | svmlight:PATH[,TEST_PATH] | cifar10:DIR"
+    "digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | svmlight:PATH[,TEST_PATH] | cifar10:DIR "
+    "| MODULE:FUNCTION (your own arrays)"
 )
+BUILT_IN = ("digits", "synthetic", "svmlight", "cifar10")
+"""The data sets hopbus loads itself; any other MODULE:FUNCTION is a user's function."""
 
 
 def _svmlight_paths(args: str) -> tuple[str, str | None]:
@@ -23,8 +26,10 @@ def _svmlight_paths(args: str) -> tuple[str, str | None]:
     return path, test_path
 
 
-def load_dataset(spec: str, seed: int = 0) -> Dataset:
-    """The data set ``spec`` names (``seed`` only shapes generated data, never a test split)."""
+def load_dataset(spec: str, seed: int = 0, keep: Keep = None) -> Dataset:
+    """The data set ``spec`` names (``seed`` only shapes generated data, never a test split).
+    ``keep`` (worker, workers, seed): the files that allow it (svmlight, CIFAR-10) are made
+    dense for that worker's share of the training rows only (``Dataset.shard`` says so)."""
     text = spec.strip()
     kind, sep, args = text.partition(":")
     kind = kind.strip().lower()
@@ -39,11 +44,17 @@ def load_dataset(spec: str, seed: int = 0) -> Dataset:
     if kind == "svmlight" and sep:
         from hopbus.data.svmlight import load_svmlight
 
-        return load_svmlight(*_svmlight_paths(args))
+        return load_svmlight(*_svmlight_paths(args), keep=keep)
     if kind == "cifar10" and sep:
         from hopbus.data.cifar10 import load_cifar10
 
         if not args.strip():
             raise DataError(f"cifar10 needs a folder: {DATA_GRAMMAR}")
-        return load_cifar10(args)
+        return load_cifar10(args, keep=keep)
+    from hopbus.models.custom import is_callable_spec
+
+    if kind not in BUILT_IN and is_callable_spec(text):
+        from hopbus.data.user import load_user_data
+
+        return load_user_data(text)
     raise DataError(f"unknown data set {spec!r}; expected {DATA_GRAMMAR}")

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from hopbus.data.dataset import DataError, Dataset, check_dense_size, split_rows
+from hopbus.data.batches import shard_rows
+from hopbus.data.dataset import DataError, Dataset, Keep, check_dense_size, split_rows
 
 SPLIT_SEED = 0
 """Fixed, independent of the run's seed: every run tests on the same rows."""
@@ -21,8 +22,54 @@ TEST_FRACTION = 0.2
 MAX_CLASSES = 1000
 
 
+def _number(token: bytes) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _problem(line: bytes) -> str | None:
+    """What is wrong with one line of an svmlight file, in words that quote none of it
+    (None: a good sample, an empty line or a comment)."""
+    fields = line.split(b"#", 1)[0].split()
+    if not fields:
+        return None
+    label = _number(fields[0])
+    if label is None:
+        return "its label is not a number"
+    if not np.isfinite(label):
+        return "its label is not finite"
+    for i, token in enumerate(fields[1:], start=2):
+        key, sep, value = token.partition(b":")
+        if not sep or (not key.isdigit() and not (i == 2 and key == b"qid")):
+            return f"field {i} is not index:value"
+        number = _number(value)
+        if number is None:
+            return f"field {i} has a value that is not a number"
+        if not np.isfinite(number):
+            return f"field {i} has a value that is not finite"
+    return None
+
+
+def first_problem(path: Path) -> str:
+    """Where and what the first bad line of an svmlight file is (``line 3: ...``), read line by
+    line: the error path only, so a large file is scanned only when it is refused. The file's
+    content is never quoted (it may be anything: a secret, a binary)."""
+    try:
+        with path.open("rb") as fh:
+            for number, line in enumerate(fh, start=1):
+                why = _problem(line)
+                if why is not None:
+                    return f"line {number}: {why}"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return "its format is not svmlight's (label index:value ...)"
+
+
 def _read(path: str) -> tuple[Any, np.ndarray]:
-    """Sparse features (raw indices) and labels of one file, or a DataError naming it."""
+    """Sparse features (raw indices) and labels of one file, or a DataError naming it and the
+    line at fault."""
     p = Path(path)
     if not p.is_file():
         why = "is a directory" if p.is_dir() else "no such file"
@@ -31,11 +78,14 @@ def _read(path: str) -> tuple[Any, np.ndarray]:
 
     try:
         x, y = load_svmlight_file(str(p), dtype=np.float32, zero_based=True)
-    except (ValueError, OSError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"cannot read svmlight file {path!r}: {first}") from None
+    except OSError as exc:
+        raise DataError(f"cannot read svmlight file {path!r}: {exc.strerror or exc}") from None
+    except (ValueError, RuntimeError, UnicodeError, OverflowError):
+        raise DataError(f"svmlight file {path!r}, {first_problem(p)}") from None
     if x.shape[0] == 0:
         raise DataError(f"svmlight file {path!r} has no samples")
+    if not (np.isfinite(x.data).all() and np.isfinite(y).all()):
+        raise DataError(f"svmlight file {path!r}, {first_problem(p)}")
     return x.tocsr(), y
 
 
@@ -63,20 +113,29 @@ def _labels(path: str, *ys: np.ndarray) -> tuple[list[np.ndarray], int]:
     return [np.searchsorted(values, y).astype(np.int64) for y in ys], len(values)
 
 
-def load_svmlight(path: str, test_path: str | None) -> Dataset:
-    """Train (and test) file(s) as a dense Dataset; without a test file, a fixed 80/20 split."""
+def load_svmlight(path: str, test_path: str | None, keep: Keep = None) -> Dataset:
+    """Train (and test) file(s) as a dense Dataset; without a test file, a fixed 80/20 split.
+    The rows stay sparse until the split and ``keep``'s share are chosen: only those become
+    dense (a worker holds its own share, not the whole file)."""
     mats, ys = zip(*[_read(p) for p in (path, test_path) if p is not None], strict=True)
     if all(m.nnz and m.indices.min() > 0 for m in mats):  # no index 0 anywhere: one-based
         mats = tuple(m[:, 1:] for m in mats)
     n_features = max(1, mats[0].shape[1])
     mats = tuple(_fit_columns(m, n_features) for m in mats)
-    check_dense_size(f"svmlight {path!r}", sum(m.shape[0] for m in mats), n_features)
     labels, n_classes = _labels(path, *ys)
     name = f"svmlight:{Path(path).name}"
     if len(mats) == 2:
-        return Dataset(name, mats[0].toarray(), labels[0], mats[1].toarray(), labels[1], n_classes)
-    train, test = split_rows(mats[0].shape[0], TEST_FRACTION, SPLIT_SEED)
-    x = mats[0]
+        x_train, y_train, x_test, y_test = mats[0], labels[0], mats[1], labels[1]
+    else:
+        train, test = split_rows(mats[0].shape[0], TEST_FRACTION, SPLIT_SEED)
+        x_train, y_train = mats[0][train], labels[0][train]
+        x_test, y_test = mats[0][test], labels[0][test]
+    shard = None
+    if keep is not None:
+        worker, workers, seed = keep
+        rows = shard_rows(x_train.shape[0], worker, workers, seed, name)
+        x_train, y_train, shard = x_train[rows], y_train[rows], (worker, workers)
+    check_dense_size(f"svmlight {path!r}", x_train.shape[0] + x_test.shape[0], n_features)
     return Dataset(
-        name, x[train].toarray(), labels[0][train], x[test].toarray(), labels[0][test], n_classes
+        name, x_train.toarray(), y_train, x_test.toarray(), y_test, n_classes, shard=shard
     )

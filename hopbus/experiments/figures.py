@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,13 @@ def _colours(labels: list[str]) -> dict[str, Any]:
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
+def _fit(text: str, inches: float, fontsize: float) -> str:
+    """``text`` wrapped to lines that fit ``inches`` at ``fontsize`` points (about 0.55 of a
+    point's width per character): a title never runs off its panel or figure."""
+    width = max(16, int(inches * 72 / (fontsize * 0.55)))
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+
 def _group_title(group: str, members: list[dict[str, Any]]) -> str:
     slowdown = (members[0].get("config") or {}).get("slowdown")
     return f"{group}\n(slowdown {slowdown})" if slowdown and slowdown != group else group
@@ -256,7 +264,8 @@ def iteration_time_figure(results: dict[str, Any], path: Path) -> Path:
     labels = _labels(runs)
     colours = _colours(labels)
     ratios = results.get("ratios", {})
-    fig, (ax,) = _new_figure(max(6.0, 1.5 + 0.5 * len(runs)), 4.8)
+    fig_width = max(6.0, 1.5 + 0.5 * len(runs))
+    fig, (ax,) = _new_figure(fig_width, 4.8)
     width = 0.8 / max(1, len(labels))
     for gi, (group, members) in enumerate(groups.items()):
         rat = ratios.get(group, {})
@@ -285,7 +294,9 @@ def iteration_time_figure(results: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("group (the number over a bar: its time / the group's reference run's)")
     ax.set_ylabel("mean iteration time (s)")
     ax.margins(y=0.2)
-    ax.set_title(f"{results.get('scenario', 'experiment')}: mean iteration time per run")
+    ax.set_title(
+        _fit(f"{results.get('scenario', 'experiment')}: mean iteration time per run", fig_width, 12)
+    )
     handles = [
         _patch(colours[label], label)
         for label in labels
@@ -428,14 +439,15 @@ def _group_figure(results: dict[str, Any], series: list[Series], panel: Panel, p
     for ax, (group, members) in zip(axes, groups.items(), strict=False):
         title = _group_title(group, [results["runs"][i] for i in members])
         handles.append(
-            draw_panel(ax, panel, [series[i] for i in members], title=title.replace("\n", " "))
+            draw_panel(ax, panel, [series[i] for i in members], title=_fit(title, 4.4, 10))
         )
     for ax in axes[1:]:
         ax.set_ylabel("")
     finish_panel(list(axes), panel)
     _legend(fig, handles)
     detail = f" ({panel.detail})" if panel.detail else ""
-    fig.suptitle(f"{results.get('scenario', 'experiment')}: {panel.title}{detail}")
+    heading = f"{results.get('scenario', 'experiment')}: {panel.title}{detail}"
+    fig.suptitle(_fit(heading, 4.6 * len(groups) - 1.4, 12))  # beside the legend
     fig.savefig(path, dpi=DPI)
     return path
 
@@ -448,7 +460,7 @@ def overview_figure(series: list[Series], path: Path, *, title: str) -> Path:
         handles.append(draw_panel(ax, panel, series))
         finish_panel([ax], panel)
     _legend(fig, handles)
-    fig.suptitle(title)
+    fig.suptitle(_fit(title, 11.0, 12))  # beside the legend
     fig.savefig(path, dpi=DPI, format="png")
     return path
 

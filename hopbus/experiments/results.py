@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hopbus.experiments.scenarios import Claim, RunPlan
+from hopbus.jsonout import finite
 from hopbus.modes import HOP_MODES
 
 #: The table's columns, in order; the rows hold strings, ready to print.
@@ -28,17 +29,6 @@ COLUMNS = (
     "status",
     "counters",
 )
-
-
-def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinity replaced by None (JSON has neither)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [finite(v) for v in obj]
-    return obj
 
 
 def run_record(
@@ -292,7 +282,6 @@ __all__ = [
     "claim_cells",
     "claims",
     "counters",
-    "finite",
     "judge",
     "mean_iter_time",
     "ran",

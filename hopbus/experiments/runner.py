@@ -10,7 +10,6 @@ rewritten after every run, so whatever stops the experiment
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import platform
 import re
@@ -23,8 +22,9 @@ from typing import Any
 
 from hopbus import __version__
 from hopbus.errors import ConfigError, UserError
-from hopbus.experiments.results import claims, finite, ratios, run_record, table
+from hopbus.experiments.results import claims, ratios, run_record, table
 from hopbus.experiments.scenarios import RunPlan, Scenario
+from hopbus.jsonout import dumps
 
 RESULTS = "results.json"
 
@@ -181,7 +181,7 @@ class Experiment:
         self.write()
 
     def write(self) -> None:
-        text = json.dumps(finite(self.results), indent=2, allow_nan=False)
+        text = dumps(self.results, indent=2)
         (self.out / RESULTS).write_text(text + "\n")
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from hopbus.errors import ConfigError
 from hopbus.models.base import Model
+from hopbus.models.custom import call_user, check_model, is_callable_spec, load_callable
 from hopbus.models.linear import LogReg, Softmax
 from hopbus.models.mlp import MLP
 from hopbus.models.tf import TF_MODELS, build_tf_model
+from hopbus.models.tf.runtime import import_tf
 
 MODELS = ("logreg", "softmax", "mlp")
 """The numpy models: any data set, no extra to install."""
@@ -16,10 +21,27 @@ ALL_MODELS = (*MODELS, *TF_MODELS)
 
 
 def build_model(
-    name: str, n_features: int, n_classes: int, *, hidden: int = 64, device: str = "auto"
-) -> Model:
+    name: str,
+    n_features: int,
+    n_classes: int,
+    *,
+    hidden: int = 64,
+    device: str = "auto",
+    input_shape: tuple[int, ...] | None = None,
+) -> Model | Any:
     """The model called ``name`` for inputs of ``n_features`` and ``n_classes`` labels.
-    ``device`` places the TensorFlow models (auto|cpu|gpu|gpu:N); numpy runs on the CPU."""
+    ``device`` places the TensorFlow models (auto|cpu|gpu|gpu:N); numpy runs on the CPU.
+    ``MODULE:FUNCTION`` is a user's model (hopbus.models.custom): a numpy Model, or a compiled
+    Keras model (built with ``device`` visible), with ``input_shape`` the shape of one sample."""
+    if is_callable_spec(name):
+        fn = load_callable(name, "--model")
+        if "tensorflow" in sys.modules or "keras" in sys.modules:
+            import_tf(device, f"--model {name}")  # --device, before the user's Keras code runs
+        built = call_user(
+            fn, name, "--model", n_features=n_features, n_classes=n_classes,
+            input_shape=input_shape or (n_features,),
+        )  # fmt: skip
+        return check_model(built, name)
     if n_features < 1:
         raise ConfigError(f"model {name!r}: the data needs at least 1 feature, got {n_features}")
     if n_classes < 2:

@@ -11,8 +11,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from hopbus.errors import ConfigError
 from hopbus.modes import Approach, Mode
 from hopbus.protocol.policy import Policy
@@ -140,12 +138,16 @@ def _check_backup(backup: int | Sequence[int], topo: Topology) -> None:
             )
 
 
-def _warn_useless_skipping(s: ProtocolSettings, topo: Topology, bounds: np.ndarray) -> None:
+def _warn_useless_skipping(s: ProtocolSettings, topo: Topology) -> None:
     if not s.skipping:
         return
     # How far the slowest out-neighbour can ever be ahead of worker i (Table 1), capped by the
     # token queues; a jump needs more than the trigger and at least 2.
-    reach = max(min(s.max_ig, *(bounds[j, i] for j in topo.out_peers[i])) for i in range(topo.n))
+    gap = s.gap_setting
+    reach = max(
+        min(s.max_ig, *(topo.neighbour_bound(j, i, gap) for j in topo.out_peers[i]))
+        for i in range(topo.n)
+    )
     if reach < 2 or s.skip_trigger >= reach:
         if s.mode in (Mode.STANDARD, Mode.NOTIFY_ACK):
             fix = "use --mode backup, staleness or hybrid"
@@ -166,13 +168,12 @@ def plan(settings: ProtocolSettings, topo: Topology) -> list[WorkerSpec]:
     Raises ConfigError for what cannot work; warns (ProtocolWarning) for what will not help.
     """
     _check_settings(settings, topo)
-    bounds = topo.bounds(settings.gap_setting)  # bounds[j, i]: how far j can be ahead of i
-    _warn_useless_skipping(settings, topo, bounds)
-    w = topo.weights
+    _warn_useless_skipping(settings, topo)
+    gap = settings.gap_setting
     specs = []
     for i in range(topo.n):
         ins, outs = topo.in_peers[i], topo.out_peers[i]
-        ahead = max(bounds[j, i] for j in ins)
+        ahead = max(topo.neighbour_bound(j, i, gap) for j in ins)  # how far j can lead i
         assert not math.isinf(ahead), "unbounded gap with a finite store: checked above"
         slots = 1 + int(ahead) + (settings.staleness if settings.mode.uses_staleness else 0)
         policy = Policy(
@@ -181,8 +182,8 @@ def plan(settings: ProtocolSettings, topo: Topology) -> list[WorkerSpec]:
             in_peers=ins,
             need=len(ins) - settings.backup_of(i),
             staleness=settings.staleness if settings.mode.uses_staleness else 0,
-            self_weight=float(w[i, i]),
-            in_weights={j: float(w[j, i]) for j in ins},
+            self_weight=topo.weight(i, i),
+            in_weights={j: topo.weight(j, i) for j in ins},
         )
         specs.append(WorkerSpec(i, settings, ins, outs, policy, slots))
     return specs

@@ -176,9 +176,14 @@ def readable(folder: Path, worker: int, iteration: int) -> bool:
     return meta.get("worker") == worker and meta.get("iteration") == iteration
 
 
-def newest_complete(folder: Path, workers: int) -> int | None:
+def newest_complete(
+    folder: Path, workers: int, skipped: list[str] | None = None, *, full: bool = False
+) -> int | None:
     """The largest iteration for which every worker 0..workers-1 has a readable checkpoint;
-    None if there is no such iteration. Unreadable files are skipped, not fatal."""
+    None if there is no such iteration. Unreadable files are skipped, not fatal; ``skipped``
+    collects why each was (for the one line that says so). ``full``: read every file of a
+    candidate set whole (``problem``: CRCs, finite numbers, a sane position), as a resume
+    must, instead of its metadata and CRCs only."""
     common: set[int] | None = None
     for w in range(workers):
         have = set(iterations(folder, w))
@@ -186,8 +191,19 @@ def newest_complete(folder: Path, workers: int) -> int | None:
         if not common:
             return None
     for k in sorted(common or (), reverse=True):
-        if all(readable(folder, w, k) for w in range(workers)):
+        why = [
+            problem(folder, w, k)
+            if full
+            else None
+            if readable(folder, w, k)
+            else str(path_of(folder, w, k))
+            for w in range(workers)
+        ]
+        bad = [x for x in why if x is not None]
+        if not bad:
             return k
+        if skipped is not None:
+            skipped.extend(bad)
     return None
 
 
@@ -204,8 +220,10 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
         meta = json.loads(str(arrays.pop("meta")))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
         raise CheckpointError(
-            f"checkpoint {path} is unreadable (truncated or corrupt): {exc}"
+            f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__})"
         ) from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path} is unreadable (its metadata is not an object)")
     if meta.get("worker") != worker or meta.get("iteration") != iteration:
         raise CheckpointError(
             f"checkpoint {path} holds worker {meta.get('worker')} at iteration "
@@ -218,13 +236,32 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
             f"checkpoint {path} holds another model's parameters ({_brief(stored)}; this run's "
             f"model has {_brief(tuple(layout))}): it cannot resume this run"
         )
-    state = WorkerState(
-        params=params,
-        optimizer={k[len("opt/") :]: v for k, v in arrays.items() if k.startswith("opt/")},
-        order=arrays.get("data/order"),
-        stream=dict(meta.get("stream") or {}),
-    )
+    optimizer = {k[len("opt/") :]: v for k, v in arrays.items() if k.startswith("opt/")}
+    for kind, group in (("parameters", params), ("optimizer state", optimizer)):
+        for name, a in group.items():
+            if a.dtype.kind != "f" or not np.isfinite(a).all():
+                raise CheckpointError(
+                    f"checkpoint {path} holds {kind} {name!r} that are not all finite numbers "
+                    "(the run had diverged): resume from an older set (remove this one)"
+                )
+    order = arrays.get("data/order")
+    stream = meta.get("stream") or {}
+    if (order is not None and (order.ndim != 1 or order.dtype.kind not in "iu")) or not isinstance(
+        stream, dict
+    ):
+        raise CheckpointError(f"checkpoint {path} holds a malformed minibatch position")
+    state = WorkerState(params=params, optimizer=optimizer, order=order, stream=dict(stream))
     return Checkpoint(worker, iteration, str(meta.get("run", "")), state, meta)
+
+
+def problem(folder: Path, worker: int, iteration: int) -> str | None:
+    """Why worker ``worker``'s checkpoint of ``iteration`` cannot be resumed from (the whole
+    file read and checked, as ``load`` does); None if it can."""
+    try:
+        load(folder, worker, iteration)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
 
 
 def _brief(layout: Layout) -> str:

@@ -10,36 +10,80 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from hopbus.config import TrainConfig
-from hopbus.data import Batches, load_dataset, shard
+from hopbus.data import Batches, Dataset, load_dataset, shard
+from hopbus.errors import ConfigError
 from hopbus.heterogeneity import Heterogeneity
-from hopbus.models import SGD, Params, build_model
+from hopbus.models import SGD, Model, Params, build_model
+from hopbus.models.custom import is_callable_spec, is_keras_model, keras_mode_line
 from hopbus.runtime.checkpoint import CheckpointError, WorkerState
 
 EVAL_LIMIT = 2000  # test examples used by periodic evaluations (the final one uses all)
 
 
+def eval_subset(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The test examples periodic evaluations use: a fixed random subset of ``EVAL_LIMIT``
+    (test files may be sorted by class)."""
+    pick = np.random.default_rng(0).permutation(len(x))[:EVAL_LIMIT]
+    pick.sort()
+    return x[pick], y[pick]
+
+
+def flat(data: Dataset) -> Dataset:
+    """``data`` with one flat row per sample (a user's images, for hopbus's own models)."""
+    if data.x_train.ndim == 2:
+        return data
+    return replace(
+        data,
+        x_train=data.x_train.reshape(len(data.x_train), -1),
+        x_test=data.x_test.reshape(len(data.x_test), -1),
+    )
+
+
+def paced(real: float, iter_time: float, factor: float) -> float:
+    """Seconds a Compute must take, as --iter-time and --slowdown say: the emulated time (or,
+    with --iter-time 0, the real one) times the worker's slowdown factor in that iteration.
+    Whoever computes sleeps for what is left: every model, built in or a user's, alike."""
+    return (iter_time if iter_time > 0 else real) * factor
+
+
 class Trainer:
     """Worker ``worker``'s model state and its training step."""
 
-    def __init__(self, cfg: TrainConfig, worker: int, het: Heterogeneity) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        worker: int,
+        het: Heterogeneity,
+        *,
+        data: Dataset | None = None,
+        model: Model | None = None,
+    ) -> None:
+        """``data`` and ``model``: already loaded and built (a user's ``--model``); by default
+        the run's ``--data`` and ``--model``."""
         assert cfg.workers is not None
         self.cfg = cfg
         self.worker = worker
         self.het = het
-        data = load_dataset(cfg.data, cfg.seed)
+        if data is None:
+            data = load_dataset(cfg.data, cfg.seed, keep=(worker, cfg.workers, cfg.seed))
+        if model is None:
+            model = build_model(
+                cfg.model, data.n_features, data.n_classes, hidden=cfg.hidden, device=cfg.device
+            )
+            if is_keras_model(model):
+                raise ConfigError(keras_mode_line(cfg.model, cfg.mode))
+            if not is_callable_spec(cfg.model):
+                data = flat(data)  # hopbus's own models take one flat row per sample
         x, y = shard(data, worker, cfg.workers, cfg.seed)
         self.batches = Batches(x, y, cfg.batch_size, seed=cfg.seed * 100_003 + worker)
         self.x_test, self.y_test = data.x_test, data.y_test
-        pick = np.random.default_rng(0).permutation(len(self.x_test))[:EVAL_LIMIT]
-        pick.sort()  # a fixed random subset: test files may be sorted by class
-        self.x_eval, self.y_eval = self.x_test[pick], self.y_test[pick]
-        self.model = build_model(
-            cfg.model, data.n_features, data.n_classes, hidden=cfg.hidden, device=cfg.device
-        )
+        self.x_eval, self.y_eval = eval_subset(self.x_test, self.y_test)
+        self.model = model
         self.params: Params = self.model.init_params(cfg.seed)  # same p0 on every worker
         # where the gradients are computed ("cpu", "gpu:0"), known once the model is built
         self.device: str = getattr(self.model, "device", None) or "cpu"
@@ -54,8 +98,7 @@ class Trainer:
         xb, yb = self.batches.next()
         self.loss, self._grads = self.model.loss_and_grad(self.params, xb, yb)
         real = time.perf_counter() - t0
-        base = self.cfg.iter_time if self.cfg.iter_time > 0 else real
-        target = base * self.het.factor(self.worker, iteration)
+        target = paced(real, self.cfg.iter_time, self.het.factor(self.worker, iteration))
         if target > real:
             time.sleep(target - real)  # emulated compute: the slowdown of --slowdown/--iter-time
         return time.perf_counter() - t0, max(0.0, target - real)
@@ -69,6 +112,13 @@ class Trainer:
                 acc += theirs[name] * np.float32(weight)
             out[name] = acc
         self.params = out
+
+    def local_step(self, params: Params) -> tuple[Params, float]:
+        """One SGD step from ``params`` on the next minibatch: (the new parameters, the
+        minibatch's loss). The step a Hop worker hands its session (hopbus/runtime/builtin.py)."""
+        xb, yb = self.batches.next()
+        self.loss, grads = self.model.loss_and_grad(params, xb, yb)
+        return self.opt.step(params, grads), self.loss
 
     def apply(self) -> None:
         assert self._grads is not None, "Apply before Compute"
@@ -103,8 +153,9 @@ class Trainer:
         if state.order is not None and state.stream:
             try:
                 self.batches.load_state(state.order, state.stream)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"checkpoint's minibatch position: {exc}") from None
+            except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
+                why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
+                raise CheckpointError(f"checkpoint's minibatch position: {why}") from None
         self._grads = None
 
     def adopt(self, params: Params) -> None:

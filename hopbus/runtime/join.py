@@ -13,11 +13,29 @@ from hopbus.modes import Family
 from hopbus.runtime.node import Node, read_run_config, redis_failures
 
 
-def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
+def check_trainer(cfg: Any, run: str, *, script: bool) -> None:
+    """A script joins Hop runs only; a run recorded for a script (hopbus launch) is joined by
+    scripts only: one line each, before an id is taken."""
+    from hopbus.models.custom import SCRIPT, keras_mode_line
+
+    if script and not cfg.mode.is_hop:
+        raise ConfigError(keras_mode_line(f"run {run}: a script's model", cfg.mode))
+    if not script and cfg.model == SCRIPT:
+        raise ConfigError(
+            f"run {run} trains a script's model (hopbus launch): start its workers with the "
+            f"script, hopbus worker --run {run} -- COMMAND ARGS..."
+        )
+
+
+def worker_for(
+    run: str, worker: int | None, redis_url: str, *, script: bool = False, **kw: Any
+) -> Node:
     """Worker ``worker`` of run ``run``, of the class its mode runs: a Hop worker, a
     parameter-server worker, a WAGMA worker or an all-reduce worker. ``worker=None`` takes the
     next id of the run's join counter (RunStateError once all N have joined), so identical
-    replicas need no per-container setting. Raises UserError as ``Node.run_loop`` does."""
+    replicas need no per-container setting. ``script``: for a user's training loop
+    (``hopbus.join()``), which runs the Hop modes only; a run made for a script is refused
+    without one. Raises UserError as ``Node.run_loop`` does."""
     from hopbus.config import TrainConfig
     from hopbus.runtime.allreduce_worker import AllReduceWorker
     from hopbus.runtime.ps_worker import PSWorker
@@ -34,6 +52,7 @@ def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
     with redis_failures("worker" if worker is None else f"worker {worker}", run):
         client = connect(redis_url, timeout=timeout)
         cfg, topo = read_run_config(client, keys, timeout)
+        check_trainer(cfg, run, script=script)
         if worker is None:
             worker = join_worker(client, keys, topo.n)
     cls: type[Node] = {
@@ -43,7 +62,9 @@ def worker_for(run: str, worker: int | None, redis_url: str, **kw: Any) -> Node:
         Family.ALLREDUCE: AllReduceWorker,
     }[cfg.mode.family]
     # checkpoints and replacements are the Hop worker's alone
-    own = {k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin") if k in kw}
+    own = {
+        k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin", "tensorboard") if k in kw
+    }
     if cls is Worker:
         return Worker(run, worker, redis_url, client=client, **own, **kw)
     if own.get("resume_from") is not None:

@@ -22,25 +22,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import redis
 
 from hopbus import __version__
 from hopbus.config import TrainConfig, load_toml, make_config
+from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, redact
 from hopbus.coord.keys import RunKeys
-from hopbus.coord.runs import RunStateError, clean_run, create_run, restore_run, set_status
+from hopbus.coord.runs import (
+    RunStateError,
+    clean_run,
+    create_run,
+    restore_run,
+    run_status,
+    set_status,
+)
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.jsonout import dumps
+from hopbus.models.custom import SCRIPT, keras_mode_line
 from hopbus.modes import Family, Mode
 from hopbus.protocol.membership import survivable
 from hopbus.protocol.spec import WorkerSpec, plan
+from hopbus.runtime import env as envvars
+from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
+    Entry,
     Replay,
     first_start,
+    read_all,
     read_entries,
     scheme_summary,
     summarize_run,
@@ -51,6 +66,8 @@ from hopbus.transport.curve import CurveKeys
 
 STOP_GRACE_S = 5.0
 CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
+TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
+LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
 HOP_MODES = tuple(m.value for m in Mode if m.is_hop)
 
 
@@ -75,30 +92,59 @@ def check_curve(cfg: TrainConfig, curve: Path | None) -> None:
 
 
 def check_inputs(
-    cfg: TrainConfig, curve: Path | None = None
+    cfg: TrainConfig, curve: Path | None = None, *, load: bool = True
 ) -> tuple[TrainConfig, Topology, list[WorkerSpec]]:
     """Everything a worker would refuse, refused here once, before any process starts.
     Returns the config with its worker count, the graph and every Hop worker's spec (none for
     the related schemes, whose settings build_topology checks). ``curve``: the run's CURVE
-    key folder, needed when ``cfg.curve``."""
+    key folder, needed when ``cfg.curve``. A run for scripts (``--model script``, hopbus
+    launch) has no model or data of hopbus's to check: its scripts bring both. ``load=False``
+    leaves out loading the data and building the model (for a run whose code lives where its
+    workers run: hopbus compose generate)."""
     check_curve(cfg, curve)
     cfg2, topo = cfg.build_topology()
     assert isinstance(cfg2, TrainConfig)
+    script = cfg2.model == SCRIPT
+    if script and not cfg2.mode.is_hop:
+        raise ConfigError(keras_mode_line("a script's model", cfg2.mode))
     if cfg2.checkpoint_every and not cfg2.mode.is_hop:
         raise ConfigError(
             f"--checkpoint-every: only the Hop modes ({', '.join(HOP_MODES)}) write "
             f"checkpoints, not --mode {cfg2.mode}"
         )
+    if cfg2.checkpoint_every and script:
+        raise ConfigError(
+            "--checkpoint-every: checkpoints are written by hopbus's own models; a script saves "
+            "its own state (for Keras: keras.callbacks.BackupAndRestore)"
+        )
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
     het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(topo.graph, topo.name)
     het.check_mode(cfg2.mode)
+    if script or not load:
+        return cfg2, topo, specs
+    if cfg2.mode is Mode.ALLREDUCE:  # here, where its workers would run, not in a compose file
+        from hopbus.baselines.allreduce import require_torch
+
+        require_torch()
     from hopbus.data import shard
     from hopbus.models import build_model
+    from hopbus.models.custom import is_keras_model
 
     data = load_dataset(cfg2.data, cfg2.seed)
     shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
-    build_model(cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden)
+    model = build_model(
+        cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden, device="cpu",
+        input_shape=tuple(data.x_train.shape[1:]),
+    )  # fmt: skip
+    if is_keras_model(model):
+        if not cfg2.mode.is_hop:
+            raise ConfigError(keras_mode_line(f"--model {cfg2.model} (a Keras model)", cfg2.mode))
+        if cfg2.checkpoint_every:
+            raise ConfigError(
+                f"--checkpoint-every: --model {cfg2.model} is a Keras model; only hopbus's "
+                "numpy models and its cnn and vgg11 write checkpoints"
+            )
     return cfg2, topo, specs
 
 
@@ -170,8 +216,10 @@ class Launcher:
         on_update: Callable[[Launcher], None] | None = None,
         resume_from: int | None = None,
         curve: Path | None = None,
+        command: list[str] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.command = command  # hopbus launch: every worker runs this script
         self.curve = curve.resolve() if curve is not None else None  # the workers' key folder
         self.resume_from = resume_from  # hopbus train --resume: every worker starts there
         self.topo = topo
@@ -190,6 +238,9 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: set[int] = set()  # no heartbeat and no result at the previous look
         self.notes: list[str] = []  # what the display and the end report tell besides progress
+        self.malformed = 0  # progress entries that did not parse
+        self.rejected_reports = 0  # final reports in Redis that do not count (read.result)
+        self._cut = False  # the progress stream was trimmed before this reader began
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -204,20 +255,22 @@ class Launcher:
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_") or k == ENV}
-        env["HOPBUS_REDIS"] = self.url  # not on the command line: it may hold a password
+        env[envvars.REDIS] = self.url  # not on the command line: it may hold a password
+        env[envvars.TENSORBOARD] = str((self.out / TENSORBOARD).resolve())
         if self.curve is not None:
-            env["HOPBUS_CURVE"] = str(self.curve)  # the keys' folder; the keys stay in it
+            env[envvars.CURVE] = str(self.curve)  # the keys' folder; the keys stay in it
         if self.cfg.checkpoint_every or self.resume_from is not None:
-            env["HOPBUS_CHECKPOINT_DIR"] = str((self.out / CHECKPOINTS).resolve())
+            env[envvars.CHECKPOINT_DIR] = str((self.out / CHECKPOINTS).resolve())
         if self.resume_from is not None:
-            env["HOPBUS_RESUME_FROM"] = str(self.resume_from)
+            env[envvars.RESUME_FROM] = str(self.resume_from)
         n = self.topo.n
         if self.cfg.mode.family is Family.PS:  # node N: the parameter server
             self._start(
                 ["ps", "--run", self.keys.run], logs / "ps.log", env, n, "the parameter server"
             )
+        script = ["--", *self.command] if self.command else []
         for i in range(n):
-            args = ["worker", "--run", self.keys.run, "--id", str(i)]
+            args = ["worker", "--run", self.keys.run, "--id", str(i), *script]
             self._start(args, logs / f"worker-{i}.log", env, i, f"worker {i}")
 
     def _start(self, args: list[str], log: Path, env: dict[str, str], node: int, name: str) -> None:
@@ -260,13 +313,18 @@ class Launcher:
             with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # if it is gone
-                set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
+                self._record_end(outcome)
             return outcome
         except KeyboardInterrupt:
             if self.procs or self.broker is not None:  # a watcher leaves the run's status alone
                 with contextlib.suppress(Exception):
                     set_status(self.r, self.keys, "stopped")
             raise
+        except redis.ResponseError as exc:  # e.g. a key of the run holding another type
+            raise RunFailure(
+                f"run {self.keys.run}: Redis at {redact(self.url)} refused a read of the run's "
+                f"keys ({str(exc)[:200]}): did something else write them?"
+            ) from None
         except redis.RedisError as exc:
             raise RunFailure(
                 f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
@@ -275,6 +333,10 @@ class Launcher:
             self.stop_workers()
             if self.broker is not None:
                 self.broker.stop()
+
+    def _record_end(self, outcome: Outcome) -> None:
+        """The run's recorded status at its end: this launcher ran it, so it says."""
+        set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
 
     def _begin(self) -> None:
         """Record the run and start its processes."""
@@ -318,7 +380,7 @@ class Launcher:
         try:
             self._sync_membership()  # its neighbours may have noticed first
             if self.rejoined:  # replacements are not our processes: Redis tells
-                finished = {int(k) for k in self.r.hkeys(self.keys.result)}
+                finished = set(self._reports())
                 replaced = self.rejoined & finished
                 # one that dies once its neighbours are done has no one but us to notice (one
                 # without a counter has not restored it yet after a broker restart: not dead)
@@ -330,6 +392,10 @@ class Launcher:
                     failure = failure or self._lose(i, why, gone=False)
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # the next read of the progress stream finds out, and waits for it
+        try:  # a node stopped the run (one it cannot do without died, a model diverged)
+            stop = self.r.get(self.keys.stop)
+        except (redis.ConnectionError, redis.TimeoutError):
+            stop = None
         for p in self.procs:
             code = p.popen.poll() if p.code is None else None
             if code is None:
@@ -337,11 +403,15 @@ class Launcher:
             try:
                 if code != 0 and self._superseded(p.worker):
                     self.notes.append(_why(p, code))  # e.g. it woke from a freeze, dead
-                elif code != 0 and failure is None:
-                    failure = self._lose(p.worker, _why(p, code), gone=True)
+                elif code != 0 and failure is None:  # once stopped, its own line says why
+                    failure = (
+                        _why(p, code) if stop else self._lose(p.worker, _why(p, code), gone=True)
+                    )
             except (redis.ConnectionError, redis.TimeoutError):
                 continue  # look at this exit again once Redis is back
             p.code = code
+        if failure is None and stop is not None:
+            failure = stop.decode(errors="replace")
         done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
         return done, failure
 
@@ -370,13 +440,16 @@ class Launcher:
         pipe = self.r.pipeline(transaction=False)
         pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
         members, incarnations = pipe.execute()
-        dead = {int(x) for x in members}
-        for i, n in sorted((int(k), int(v)) for k, v in incarnations.items()):
+        dead = read.ids(members, self.topo.n)
+        pairs = (
+            (read.integer(k, 0, self.topo.n - 1), read.integer(v)) for k, v in incarnations.items()
+        )
+        for i, n in sorted((i, n) for i, n in pairs if i is not None and n is not None):
             if i not in dead and self._incarnations.get(i) != n:
                 self._incarnations[i] = n
                 self.lost.pop(i, None)
                 self.rejoined.add(i)
-                it = int(self.r.get(self.keys.iter(i)) or 0)
+                it = read.integer(self.r.get(self.keys.iter(i))) or 0
                 self.notes.append(f"{self._name(i)} rejoined in iteration {it} (a replacement)")
         for i in sorted(dead - set(self.lost)):
             self.lost[i] = f"{self._name(i)} died (heartbeat gone)"
@@ -392,7 +465,8 @@ class Launcher:
         process is known to have ended (not just its heartbeat)."""
         from hopbus.coord.control import RunControl
 
-        control = RunControl(self.r, self.keys, -1)
+        control = RunControl(self.r, self.keys, -1, iterations=self.cfg.iterations)
+        control.epoch = control.broker_id()  # judged as the broker it is now sees the run
         reason: str | None = why
         if self.cfg.mode.is_hop and node < self.topo.n and self.r.exists(self.keys.iter(node)):
             dead = set(self.lost) | {node}
@@ -409,12 +483,13 @@ class Launcher:
 
     def _new_replay(self, t0: float) -> Replay:
         setting = self.cfg.gap_setting()
-        return Replay(self.topo, setting, t0, self.cfg.target_loss, start=self.resume_from or 0)
+        return Replay(
+            self.topo, setting, t0, self.cfg.target_loss, start=self.resume_from or 0,
+            iterations=self.cfg.iterations, partial=self._cut,
+        )  # fmt: skip
 
     # -- following the run ------------------------------------------------------------------------
-    def _feed(
-        self, entries: list[tuple[str, dict[str, Any]]], metrics: TextIO, *, t0: float | None = None
-    ) -> bool:
+    def _feed(self, entries: list[Entry], metrics: TextIO, *, t0: float | None = None) -> bool:
         """Replay ``entries`` and write them to metrics.jsonl. Time zero is the first start
         event (or ``t0`` if there is none yet); without either, returns False, feeding nothing."""
         if self.replay is None:
@@ -422,14 +497,44 @@ class Launcher:
             if start is None:
                 return False
             self.replay = self._new_replay(start)
-        for _, rec in entries:
-            metrics.write(json.dumps(self.replay.feed(rec)) + "\n")
+        self.malformed += sum(rec is None for _, rec in entries)
+        parsed = [(i, rec) for i, rec in entries if rec is not None]
+        for _, rec in self._credible(parsed):
+            fed = self.replay.feed(rec)
+            if fed is not None:
+                metrics.write(dumps(fed) + "\n")
         return True
+
+    def _credible(
+        self, entries: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Those of ``entries`` no further than their worker's counter is now (one MGET): the
+        Advance script moves the counter and writes the entry in one step, so an entry ahead
+        of its worker's counter was written by something else. Refused entries are counted in
+        the replay's ``rejected``. A counter Redis does not hold (a restart being put back)
+        decides nothing."""
+        workers = sorted({rec["worker"] for _, rec in entries if 0 <= rec["worker"] < self.topo.n})
+        if not workers:
+            return entries
+        counters = dict(
+            zip(workers, self.r.mget([self.keys.iter(w) for w in workers]), strict=True)
+        )
+        out = []
+        for entry in entries:
+            rec = entry[1]
+            counter = read.integer(counters.get(rec["worker"]))
+            if counter is not None and rec["iter"] > counter:
+                assert self.replay is not None
+                self.replay.rejected += 1
+                continue
+            out.append(entry)
+        return out
 
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"
-        pending: list[tuple[str, dict[str, Any]]] = []
+        pending: list[Entry] = []
         while True:
+            interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
             try:
                 entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
                 if entries:
@@ -447,11 +552,13 @@ class Launcher:
                 self.on_update(self)
             if failure is not None or done:
                 break
-        if failure is None:  # drain what the last workers wrote before exiting
+        try:  # every entry up to the end, a failed run's too: the summary tells it all
             while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
                 cursor = entries[-1][0]
                 pending.extend(entries)
             self._feed(pending, metrics, t0=self.t_start)
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # Redis is gone: what was read is what there is
         return Outcome(self._summary(failure), failure)
 
     def _broker_lost(self, exc: BaseException) -> str | None:
@@ -461,6 +568,7 @@ class Launcher:
         failure if it does not come back or a worker fails meanwhile."""
         self.notes.append(f"lost Redis at {redact(self.url)} ({exc}); waiting for it")
         for _ in attempts(self.cfg.timeout):
+            interrupts.check()
             if self.broker is not None and self.broker.died:
                 with contextlib.suppress(Exception):
                     self.broker.restart()
@@ -481,16 +589,50 @@ class Launcher:
         self.notes.append("Redis is back; the workers put back their state")
         return None
 
+    def _reports(self) -> dict[int, dict[str, Any]]:
+        """The final reports that count (``read.result``): a worker's agrees with its counter
+        and incarnation and says the run's last iteration; the parameter server's (node N) is
+        a JSON object. Others (forged, a replaced process's) are left out and counted in
+        ``self.rejected_reports``."""
+        n = self.topo.n
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.keys.result)
+        pipe.mget([self.keys.iter(i) for i in range(n)])
+        pipe.hgetall(self.keys.incarnation)
+        raw, counters, incarnations = pipe.execute()
+        out: dict[int, dict[str, Any]] = {}
+        bad = 0
+        for k, v in raw.items():
+            i = read.integer(k, 0, n)
+            if i == n and self.cfg.mode.family is Family.PS:
+                got = read.json_object(v)
+            elif i is not None and i < n:
+                got = read.result(
+                    v, counter=counters[i], incarnation=incarnations.get(str(i).encode()),
+                    iterations=self.cfg.iterations,
+                )  # fmt: skip
+            else:
+                got = None
+            if got is None:
+                bad += 1
+            else:
+                out[i] = got
+        self.rejected_reports = bad
+        return out
+
     def _results(self) -> dict[int, dict[str, Any]]:
-        """Every node's result; for a worker that did not finish, its last counters."""
-        raw = self.r.hgetall(self.keys.result)
-        results = {int(k): json.loads(v) for k, v in raw.items()}
+        """Every node's result that counts; for a worker without one, its last counters."""
+        results = self._reports()
         for i in range(self.topo.n):
             if i not in results:
                 stats = self.r.hgetall(self.keys.stats(i))
-                results_i = {k.decode(): int(v) for k, v in stats.items()}
-                if results_i:
-                    results[i] = results_i
+                counters = {}
+                for k, v in stats.items():
+                    name, value = read.text(k, 64), read.integer(v)
+                    if name is not None and value is not None:
+                        counters[name] = value
+                if counters:
+                    results[i] = counters
         return results
 
     def _summary(self, failure: str | None) -> dict[str, Any]:
@@ -526,16 +668,72 @@ class Launcher:
             failure=failure,
         )
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
+        summary.update(self._consensus(results, live))
+        summary["diverged"] = self._diverged()
+        refused = {
+            "progress_entries": self.replay.rejected + self.malformed,
+            "final_reports": self.rejected_reports,
+        }
+        summary["refused"] = refused
+        if any(refused.values()):
+            self.notes.append(
+                f"refused {refused['progress_entries']} progress entries and "
+                f"{refused['final_reports']} final reports found in Redis that no worker of "
+                "this run wrote as they stand (malformed, ahead of their worker, or forged)"
+            )
         if self.resume_from is not None:
             summary["resumed_from"] = self.resume_from
+        with contextlib.suppress(redis.RedisError):  # worker 0's x_0: the big key, not needed now
+            self.r.delete(self.keys.initial)
         return summary
+
+    def _diverged(self) -> dict[str, Any] | None:
+        """The first worker whose model stopped being finite (its ``diverged`` event):
+        ``worker``, ``iteration``, ``what``; None if none did."""
+        try:
+            for _, rec in read_all(self.r, self.keys.events, events=True):
+                if rec is not None and rec.get("kind") == "diverged":
+                    return {
+                        "worker": rec.get("worker"),
+                        "iteration": rec.get("iteration"),
+                        "what": rec.get("what"),
+                    }
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+        return None
+
+    def _consensus(self, results: dict[int, dict[str, Any]], live: list[int]) -> dict[str, Any]:
+        """``consensus_distance``: max_i ||x_i - mean|| / ||mean|| over the live workers'
+        final parameters, from their sketches (hopbus/consensus.py); null if unknown."""
+        from hopbus.consensus import distance
+
+        try:
+            raw = self.r.hgetall(self.keys.sketch)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raw = {}
+        sketches = {}
+        for k, v in raw.items():
+            with contextlib.suppress(ValueError):
+                i = int(k)
+                if i in live and "final_accuracy" in results.get(i, {}):
+                    sketches[i] = np.frombuffer(v, dtype=np.float64)
+        got = distance(sketches)
+        exact = all(results[i].get("sketch_exact", False) for i in sketches) if sketches else None
+        return {
+            "consensus_distance": None if got is None else got["max"],
+            "consensus": None
+            if got is None
+            else {"per_worker": got["per_worker"], "exact": exact, "workers": len(sketches)},
+        }
 
 
 class Watcher(Launcher):
     """Follows a run whose processes were started elsewhere (docker compose, other hosts):
     the same replay, metrics.jsonl and summary as ``hopbus train``, but it starts nothing.
-    Done when every node has published its result; failed at the first error event or when a
-    registered node's heartbeat is gone without a result."""
+    Done when every node has published a result that counts; a node's error event, or its
+    heartbeat gone without a result, is a lost node as for ``hopbus train`` (the run goes on
+    without it where the mode can, else it fails); failed once the run is stopped. It never
+    changes a finished run's status, and otherwise records what the run's keys say."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -546,9 +744,19 @@ class Watcher(Launcher):
         self.url = self.redis_url
         self.r = connect(self.url, timeout=min(10.0, self.cfg.timeout))
 
+    def _record_end(self, outcome: Outcome) -> None:
+        """What the run's keys say (``run_status``); a finished run stays finished."""
+        if self.r.hget(self.keys.meta, "status") != b"finished":
+            status = run_status(self.r, self.keys, self.topo.n, self.cfg.iterations)
+            set_status(self.r, self.keys, "failed" if outcome.failure else status)
+
     def _begin(self) -> None:
         if self.r.hget(self.keys.meta, "status") == b"starting":
             set_status(self.r, self.keys, "running")
+        with contextlib.suppress(redis.ResponseError):  # no stream yet
+            info = self.r.xinfo_stream(self.keys.progress)
+            added = read.integer(info.get("entries-added"))
+            self._cut = added is not None and added > (read.integer(info.get("length")) or 0)
 
     def _poll(self) -> tuple[bool, str | None]:
         """From Redis alone: error events, the stop key, heartbeats, results. While Redis is
@@ -561,16 +769,23 @@ class Watcher(Launcher):
     def _look(self) -> tuple[bool, str | None]:
         n = self.topo.n
         ps = n if self.cfg.mode.family is Family.PS else None  # node N, when the run has one
-        for event_id, rec in read_entries(self.r, self.keys.events, self._events, count=10_000):
+        done = set(self._reports())
+        if len(done) == n + (ps is not None):  # finished, whatever was written besides
+            return True, None
+        events = read_entries(self.r, self.keys.events, self._events, count=10_000, events=True)
+        for event_id, rec in events:
             self._events = event_id
-            if rec.get("kind") == "error":
-                who = self._name(int(rec.get("worker", -1)))
-                return False, f"{who}: {rec.get('message', 'failed')}"
+            assert rec is not None  # events always parse (leniently)
+            who = rec.get("worker")
+            if rec.get("kind") == "error" and who is not None and 0 <= who <= n:
+                why = f"{self._name(who)}: {rec.get('message') or 'failed'}"
+                failure = self._lose(who, why, gone=True) if who not in done else None
+                if failure is not None:
+                    return False, failure
         stop = self.r.get(self.keys.stop)
         if stop is not None:
-            return False, stop.decode(errors="replace")
-        registered = {int(k) for k in self.r.hkeys(self.keys.addr)}
-        done = {int(k) for k in self.r.hkeys(self.keys.result)}
+            return False, read.text(stop, 500) or "stopped"
+        registered = read.ids(self.r.hkeys(self.keys.addr), n + 1)
         for i in self._lapsed(registered - set(self.lost), done):
             failure = self._lose(i, f"{self._name(i)}: heartbeat gone without a result", gone=False)
             if failure is not None:
@@ -581,7 +796,7 @@ class Watcher(Launcher):
 
 def _finish(launcher: Launcher) -> Outcome:
     outcome = launcher.run()
-    summary = json.dumps(outcome.summary, indent=2, allow_nan=False)
+    summary = dumps(outcome.summary, indent=2)
     (launcher.out / "summary.json").write_text(summary + "\n")
     return outcome
 
@@ -622,23 +837,39 @@ def _drop_partial_line(path: Path) -> None:
 
 
 def _out_folder(out: Path | None, keys: RunKeys) -> Path:
+    """The results folder: new, or empty, or holding only the run's TensorBoard scalars (the
+    workers of a run followed by hopbus watch may have started writing them there)."""
     out = out if out is not None else Path("runs") / keys.run
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != TENSORBOARD for p in out.iterdir()):
         raise ConfigError(
             f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
         )
     return out
 
 
-def record(cfg: TrainConfig, *, run: str | None, redis_url: str, curve: Path | None = None) -> str:
+def record(
+    cfg: TrainConfig,
+    *,
+    run: str | None,
+    redis_url: str,
+    curve: Path | None = None,
+    acl: Path | None = None,
+) -> str:
     """``hopbus create``: check the run as ``hopbus train`` does and record it in Redis,
-    starting nothing; workers started elsewhere join it. Returns the run id."""
+    starting nothing; workers started elsewhere join it. Returns the run id. ``acl``: make the
+    run a Redis user of its own (coord/acl.py) and write its URL to that file."""
     cfg, _, _ = _checked(cfg, curve)
     check_url(redis_url)
-    keys = RunKeys(run or new_run_id(cfg))
+    keys = RunKeys(run if run is not None else new_run_id(cfg))
+    if acl is not None and acl.exists():
+        raise ConfigError(f"--acl {str(acl)!r} already exists: choose a new file")
     client = connect(redis_url, timeout=min(10.0, cfg.timeout))
     try:
         create_run(client, keys, cfg.public(), __version__)
+        if acl is not None:
+            from hopbus.coord.acl import create_user, write_secret
+
+            write_secret(acl, create_user(client, keys, redis_url))
     except redis.RedisError as exc:
         raise RunFailure(f"run {keys.run}: Redis at {redact(redis_url)} refused: {exc}") from None
     return keys.run
@@ -677,13 +908,31 @@ def train(
     redis_url: str | None,
     on_update: Callable[[Launcher], None] | None = None,
     curve: Path | None = None,
+    command: list[str] | None = None,
 ) -> tuple[Launcher, Outcome]:
     """Check everything, run, write summary.json; raises UserError for bad input. ``curve``:
-    the run's CURVE key folder (needed with ``cfg.curve``), handed to every process."""
+    the run's CURVE key folder (needed with ``cfg.curve``), handed to every process.
+    ``command``: hopbus launch's script, run by every worker (``cfg.model`` is then
+    ``script``); without it every worker trains the run's own ``--model``."""
+    if command is not None:
+        if not command:
+            raise ConfigError(f"hopbus launch: give the command to run after --: {LAUNCH_USAGE}")
+        cfg = make_config({**cfg.model_dump(), "model": SCRIPT, "data": SCRIPT}, cls=TrainConfig)
+        assert isinstance(cfg, TrainConfig)
+    with warnings.catch_warnings():  # the size first: before any data is loaded for it
+        warnings.simplefilter("ignore")
+        size = cfg.build_topology()[1].n
+    if size > LOCAL_WORKERS:
+        raise ConfigError(
+            f"--workers {size}: hopbus {'launch' if command else 'train'} starts one process "
+            f"per worker on this machine (some 100 MB each), more than {LOCAL_WORKERS} is not "
+            "what one machine runs; simulate it (hopbus sim), or spread the workers over "
+            "machines: hopbus create, then hopbus worker on each"
+        )
     cfg, topo, specs = _checked(cfg, curve)
     if redis_url is not None:
         check_url(redis_url)
-    keys = RunKeys(run or new_run_id(cfg))  # validates the id before anything is created
+    keys = RunKeys(run if run is not None else new_run_id(cfg))  # checked before anything starts
     out = _out_folder(out, keys)
     launcher = Launcher(
         cfg,
@@ -694,8 +943,12 @@ def train(
         redis_url=redis_url,
         on_update=on_update,
         curve=curve,
+        command=command,
     )
     return launcher, _finish(launcher)
+
+
+LAUNCH_USAGE = "hopbus launch -n 4 [run flags] -- python train.py ARGS..."
 
 
 @dataclass(frozen=True)
@@ -740,7 +993,10 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
         warnings.simplefilter("ignore")
         _, topo = cfg.build_topology()
     folder_ck = folder / CHECKPOINTS
-    at = newest_complete(folder_ck, topo.n)
+    skipped: list[str] = []
+    at = newest_complete(folder_ck, topo.n, skipped, full=True)
+    for why in skipped:  # newer sets it passed over: said, not silently ignored
+        warnings.warn(f"--resume skips a newer checkpoint set: {why}", UserWarning, stacklevel=2)
     if at is None:
         why = "" if cfg.checkpoint_every else " (the run was started without --checkpoint-every)"
         raise ConfigError(f"no complete checkpoint set in {folder_ck}: nothing to resume{why}")

@@ -12,7 +12,6 @@ say what to expect on the wire (``_validator``), whom they send to, and how they
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import threading
 import time
@@ -20,7 +19,6 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 import zmq
@@ -29,13 +27,16 @@ from hopbus.config import TrainConfig, make_config
 from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
-from hopbus.coord.runs import load_config
+from hopbus.coord.runs import RunStateError, load_config
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
 from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
+from hopbus.transport.inbox import link_hold
+from hopbus.transport.outbox import COPY_BYTES
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
 FINISHED = "finished"  # the heartbeat key's value once a node is done (kept without TTL)
@@ -51,18 +52,6 @@ def names(nodes: Sequence[int], ps: int | None = None) -> str:
     if ps is not None and list(nodes) == [ps]:
         return "the parameter server"
     return ("worker " if len(nodes) == 1 else "workers ") + ", ".join(map(str, nodes))
-
-
-def advertised(bound: str, advertise: str | None) -> str:
-    """The endpoint peers should connect to: the bound port at ``advertise`` (a host name or
-    address), or at this host's name when bound to every interface."""
-    parts = urlsplit(bound)
-    host, port = parts.hostname or "", parts.port
-    if advertise:
-        host = advertise
-    elif host in ("0.0.0.0", "::", ""):
-        host = socket.gethostname()
-    return f"tcp://{host}:{port}"
 
 
 @contextlib.contextmanager
@@ -86,7 +75,7 @@ def read_run_config(
     client: redis.Redis, keys: RunKeys, timeout: float
 ) -> tuple[TrainConfig, Topology]:
     """The run's config as ``hopbus train`` recorded it, with its worker count filled in."""
-    raw = load_config(client, keys, timeout=timeout)
+    raw = load_config(client, keys, timeout=timeout, say=log)
     cfg = make_config(raw, cls=TrainConfig)
     with warnings.catch_warnings():  # the launcher shows the run's warnings once
         warnings.simplefilter("ignore")
@@ -100,6 +89,10 @@ class Node:
 
     ps_id: int | None = None  # the parameter server's node id, in runs that have one
     rejoin = False  # a replacement for a dead worker: it beats while still in the dead set
+    # a small model's messages are received on the main thread while it waits (``pump``):
+    # cheaper than a receiver thread's hand-off; False where messages must be answered while
+    # the main thread computes (WAGMA's passive members)
+    inline_inbox = True
 
     def __init__(
         self,
@@ -133,6 +126,7 @@ class Node:
         self.inbox: Inbox | None = None
         self.outbox: Outbox | None = None
         self.heartbeat: Heartbeat | None = None
+        self.admitted = False  # it took its place in the run (a refused process never does)
         self.trainer: Trainer  # set by each kind of node's _setup
 
     @property
@@ -162,7 +156,8 @@ class Node:
         self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(
             topo.graph, topo.name
         )
-        self.control = RunControl(self.r, self.keys, self.node)
+        self.control = RunControl(self.r, self.keys, self.node, iterations=cfg.iterations)
+        self.control.epoch = self.control.broker_id()  # the broker instance it starts in
 
     def _place(self) -> None:
         """Check (or, for a parameter server, take) this node's id in the run."""
@@ -201,6 +196,7 @@ class Node:
     ) -> None:
         """Bind the inbox, register, start the heartbeat, connect to ``peers``."""
         self.ctx = zmq.Context()
+        delay = self._link_delay()
         try:
             self.inbox = Inbox(
                 self.ctx,
@@ -208,8 +204,12 @@ class Node:
                 validator,
                 on_message,
                 hwm=hwm,
-                delay=self._link_delay(),
+                delay=delay,
                 curve=self.curve_keys,
+                inline=self.inline_inbox
+                and delay is None
+                and self.curve_keys is None
+                and validator.max_tensor_bytes < COPY_BYTES,
             )
         except TransportError as exc:
             raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
@@ -218,24 +218,31 @@ class Node:
         self.outbox = self._outbox(peers, out_hwm)
 
     def _announce(self, endpoint: str) -> None:
-        """Register ``endpoint`` and start the heartbeat: after binding the inbox, or for a
-        node that has no inbox (an all-reduce worker, reached through gloo)."""
+        """Take this node's place in the run (``RunControl.claim``: refused, writing nothing,
+        if another process has it) and start the heartbeat: after binding the inbox, or for a
+        node that has no inbox (an all-reduce worker, reached through gloo). A replacement's
+        place was taken by begin_rejoin (Worker._announce)."""
         self.faults.before_register()
         self.endpoint = endpoint
-        self.control.register(endpoint)
+        if not self.rejoin:
+            why = self.control.claim(endpoint, Heartbeat.ttl_ms_for(self.heartbeat_s))
+            if why is not None:
+                raise RunStateError(
+                    f"{self.who} of run {self.keys.run} is taken: {why} (is `hopbus worker "
+                    f"--id {self.node}` running twice?)"
+                )
+        self.admitted = True  # from here on, its failures are the run's to hear
         self.heartbeat = Heartbeat(
             self.control, self.heartbeat_s, stats=self.stats, patience_s=self.timeout
         )
         self.heartbeat.may_be_dead = self.rejoin
         self.heartbeat.start()
 
-    def _link_delay(self) -> Callable[[int], float] | None:
-        """How long the inbox holds a message from each sender: the run's emulated link
-        delays into this node (``--slowdown link:...`` / ``machines:...``), None without any."""
-        if not self.het.has_link_delays:
-            return None
-        het, me = self.het, self.node
-        return lambda src: het.link_delay(src, me)
+    def _link_delay(self) -> Callable[[Message], float] | None:
+        """How long the inbox holds each message: the run's emulated links into this node
+        (``--slowdown link:...`` / ``machines:...``, ``--slowdown-scope``,
+        ``--message-bytes``), None without any."""
+        return link_hold(self.het, self.node, self.cfg.slowdown_scope, self.cfg.message_bytes)
 
     def _outbox(self, peers: Sequence[int], hwm: int) -> Outbox:
         assert self.ctx is not None
@@ -333,7 +340,7 @@ class Node:
         t0 = time.monotonic()
         next_look = t0 + LOOK_S
         while not ready():
-            self.cond.wait(LOOK_S)
+            self.await_delivery(LOOK_S)
             now = time.monotonic()
             if now < next_look:
                 continue
@@ -344,10 +351,20 @@ class Node:
             if now - t0 > self.timeout:
                 raise RunFailure(
                     f"{self.who} waited {self.timeout:g} s for {what} from "
-                    f"{names(late, self.ps_id)} (alive, but nothing arrived; raise --timeout "
-                    "for slow models)"
+                    f"{names(late, self.ps_id)} (alive, but nothing arrived at this node's "
+                    f"inbox, {getattr(self, 'endpoint', '?')}: can they reach it? Else raise "
+                    "--timeout for slow models)"
                 )
         return time.monotonic() - t0
+
+    def await_delivery(self, timeout_s: float) -> None:
+        """Wait, holding ``self.cond``, up to ``timeout_s`` for the inbox to deliver something:
+        an inline inbox receives on this thread, a threaded one notifies ``self.cond``."""
+        inbox = self.inbox
+        if inbox is not None and inbox.inline:
+            inbox.pump(timeout_s)  # delivers here: self.cond is re-entrant
+        else:
+            self.cond.wait(timeout_s)
 
     # -- sending and finishing --------------------------------------------------------------------
     def send(self, to: Sequence[int], frames: list, outbox: Outbox | None = None) -> list[int]:
@@ -398,37 +415,81 @@ class Node:
     def progress_fields(
         self, start: int, to: int, compute_s: float, wait_s: float, blocked_on: Sequence[int]
     ) -> dict[str, Any]:
+        """A progress entry for entering ``to`` from ``start``, from this node's trainer."""
+        t = self.trainer
+        return self.entry_fields(
+            start, to, compute_s, wait_s, blocked_on, loss=t.loss, device=t.device,
+            evaluate=t.evaluate,
+        )  # fmt: skip
+
+    def entry_fields(
+        self,
+        start: int,
+        to: int,
+        compute_s: float,
+        wait_s: float,
+        blocked_on: Sequence[int],
+        *,
+        loss: float | None,
+        device: str,
+        evaluate: Callable[[], tuple[float, float]] | None = None,
+    ) -> dict[str, Any]:
         """A worker's progress entry for entering ``to`` from ``start`` (the same fields for
-        every mode), evaluated on the test subset when an --eval-every boundary is crossed."""
-        t, cfg = self.trainer, self.cfg
+        every mode and every model), with ``evaluate()`` (test loss, accuracy) when an
+        --eval-every boundary is crossed."""
         fields: dict[str, Any] = {
             "t": time.time(),
-            "loss": t.loss,
             "compute_s": round(compute_s, 6),
             "wait_s": round(wait_s, 6),
             "blocked_on": list(blocked_on),
-            "device": t.device,  # a string: never in the stats hash, whose values are integers
+            "device": device,  # a string: never in the stats hash, whose values are integers
         }
-        e = cfg.eval_every
-        if e and to // e > start // e and to < cfg.iterations:
-            fields["eval_loss"], fields["eval_accuracy"] = t.evaluate()
+        if loss is not None:
+            fields["loss"] = loss
+        e = self.cfg.eval_every
+        if evaluate is not None and e and to // e > start // e and to < self.cfg.iterations:
+            fields["eval_loss"], fields["eval_accuracy"] = evaluate()
         return fields
 
     def finish_worker(self, iterations: int, cpu0: float, compute_s: float) -> dict[str, Any]:
-        """Evaluate on the whole test set and publish a worker's final report."""
-        loss, acc = self.trainer.evaluate(full=True)
+        """Evaluate this node's trainer on the whole test set and publish its final report."""
+        t = self.trainer
+        loss, acc = t.evaluate(full=True)
+        return self.publish_worker_result(
+            iterations, cpu0, compute_s, loss=loss, accuracy=acc, device=t.device, params=t.params
+        )
+
+    def publish_worker_result(
+        self,
+        iterations: int,
+        cpu0: float,
+        compute_s: float,
+        *,
+        loss: float | None,
+        accuracy: float | None,
+        device: str,
+        params: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """A worker's final report (and its parameters' sketch, for the consensus distance)."""
         result = {
             "worker": self.node,
             "iterations": iterations,
             "final_loss": loss,
-            "final_accuracy": acc,
+            "final_accuracy": accuracy,
             "t": time.time(),
             "cpu_s": time.process_time() - cpu0,  # all threads: the driver's own cost
             "compute_s": compute_s,
-            "device": self.trainer.device,
+            "device": device,
             **self.stats(),
         }
-        self.publish_result(result, iterations=iterations, final_accuracy=acc)
+        if params is not None:
+            from hopbus.consensus import sketch
+
+            values, exact = sketch(params)
+            result["sketch_exact"] = exact
+            assert self.r is not None
+            self.r.hset(self.keys.sketch, str(self.node), values.tobytes())
+        self.publish_result(result, iterations=iterations, final_accuracy=accuracy)
         return result
 
     def run_loop(self) -> dict[str, Any]:

@@ -8,7 +8,6 @@ uses, which is why a real run's summary has the simulator's fields and meanings.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import redis
 
 from hopbus.baselines.allreduce import scheme_counters as allreduce_counters
+from hopbus.coord import read
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
@@ -27,41 +27,88 @@ from hopbus.topology import GapSetting, Topology
 _INTS = ("worker", "iter", "jump", "dead", "rejoin", "restore")
 # entries that mark membership or a restart rather than a worker's step
 MARKERS = ("dead", "rejoin", "restore")
-_FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy")
+_FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy", "accuracy")
+_EVENT_INTS = ("worker", "iter", "iteration", "incarnation", "by")
 
 
-def parse_entry(fields: dict[bytes, bytes]) -> dict[str, Any]:
-    """A progress entry's fields as typed values (the same keys as ``hopbus sim --trace``)."""
+def parse_entry(fields: dict[bytes, bytes]) -> dict[str, Any] | None:
+    """A progress entry's fields as typed values (the same keys as ``hopbus sim --trace``), or
+    None if it is not one: ``worker`` and ``iter`` missing or not integers, a number field
+    that is not a number, a ``blocked_on`` that is not a list of ids (coord/read.py)."""
     rec: dict[str, Any] = {}
     for k, v in fields.items():
-        name = k.decode()
-        text = v.decode()
+        name = read.text(k, 64)
+        if name is None:
+            return None
         if name in _INTS:
-            rec[name] = int(text)
+            rec[name] = read.integer(v)
         elif name in _FLOATS:
-            rec[name] = float(text)
+            rec[name] = read.number(v)
         elif name == "blocked_on":
-            rec[name] = json.loads(text)
+            rec[name] = read.int_list(v, read.MAX_INT)
         else:
-            rec[name] = text
+            rec[name] = read.text(v, 200)
+        if rec[name] is None:
+            return None
+    return rec if "worker" in rec and "iter" in rec else None
+
+
+def parse_event(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """An event's fields, leniently: text (shortened), with the known integer and time fields
+    as numbers where they parse (None where they do not). An event is only ever shown or
+    searched, so a malformed one is never a reason to fail."""
+    rec: dict[str, Any] = {}
+    for k, v in fields.items():
+        name = read.text(k, 64) or "?"
+        if name in _EVENT_INTS:
+            rec[name] = read.integer(v, lo=-1)
+        elif name == "t":
+            rec[name] = read.finite_number(v)
+        else:
+            rec[name] = read.text(v, 2000)
     return rec
 
 
+Entry = tuple[str, dict[str, Any] | None]
+"""A stream entry's id and its fields, None for a progress entry that does not parse."""
+
+
 def read_entries(
-    client: redis.Redis, key: str, after: str, *, block_ms: int | None = None, count: int = 1000
-) -> list[tuple[str, dict[str, Any]]]:
-    """Entries of stream ``key`` after id ``after``, oldest first (blocking up to block_ms)."""
+    client: redis.Redis,
+    key: str,
+    after: str,
+    *,
+    block_ms: int | None = None,
+    count: int = 1000,
+    events: bool = False,
+) -> list[Entry]:
+    """Entries of stream ``key`` after id ``after``, oldest first (blocking up to block_ms):
+    progress entries (``parse_entry``: None for one that does not parse, for the caller to
+    count and step over) or, with ``events``, events (``parse_event``)."""
     got = client.xread({key: after}, count=count, block=block_ms)
     if not got:
         return []
-    return [(i.decode(), parse_entry(f)) for i, f in got[0][1]]
+    parse = parse_event if events else parse_entry
+    return [(raw_id.decode(), parse(fields)) for raw_id, fields in got[0][1]]
+
+
+def read_all(client: redis.Redis, key: str, *, events: bool = False) -> list[Entry]:
+    """Every entry of a stream (events: at most about EVENTS_MAXLEN), oldest first."""
+    out: list[Entry] = []
+    cursor = "0-0"
+    while batch := read_entries(client, key, cursor, count=10_000, events=events):
+        out.extend(batch)
+        cursor = batch[-1][0]
+    return out
 
 
 def first_start(client: redis.Redis, keys: RunKeys) -> float | None:
     """Wall time of the run's first ``start`` event: time zero of its progress."""
     for _, fields in client.xrange(keys.events, count=10_000):
         if fields.get(b"kind") == b"start":
-            return float(fields[b"t"])
+            t = read.finite_number(fields.get(b"t"))
+            if t is not None:
+                return t
     return None
 
 
@@ -87,10 +134,17 @@ class Replay:
         target_loss: float | None = None,
         *,
         start: int = 0,
+        iterations: int | None = None,
+        partial: bool = False,
     ) -> None:
         """``start``: the iteration every worker begins in (a run resumed from a checkpoint
-        set; its first entries are of iteration ``start + 1``)."""
+        set; its first entries are of iteration ``start + 1``). ``iterations``: the run's, the
+        last an entry may name. ``partial``: the stream was cut (MAXLEN) before this reader
+        began, so each worker's first entry is taken as where it is."""
         self.t0 = t0
+        self.iterations = iterations
+        self.rejected = 0  # entries refused: no step of a worker could have written them
+        self._unseen: set[int] | None = set(range(topo.n)) if partial else None
         self.topo, self.setting = topo, setting
         self.monitor = GapMonitor(topo, setting)
         self.lost: list[dict[str, Any]] = []  # workers declared dead: worker, iteration, t
@@ -109,8 +163,31 @@ class Replay:
             for view in self.views:
                 view.iteration = start
 
-    def feed(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """Take one entry; returns it with ``t`` relative to the run's start."""
+    def credible(self, rec: dict[str, Any]) -> bool:
+        """Whether ``rec`` could have been written by one of the run's workers: a worker id of
+        the run, an iteration of the run, a finite time, and for a step, one that starts where
+        that worker is (a jump of J moves it J, any other step 1). What fails is counted in
+        ``rejected`` and not replayed: a forged or garbled entry must not fake a gap."""
+        w, it = rec["worker"], rec["iter"]
+        ok = 0 <= w < self.topo.n and (self.iterations is None or it <= self.iterations)
+        ok = ok and math.isfinite(rec.get("t", self.t0))
+        if ok and not any(rec.get(m) for m in MARKERS):
+            step = rec.get("jump") or 1
+            v = self.views[w]
+            if self._unseen is not None and w in self._unseen:  # a cut stream: its base
+                self._unseen.discard(w)
+                v.iteration = it - step
+                self.stats.iterations[w] = it - step
+            ok = it == v.iteration + step or self.monitor.resyncing or w in self.monitor.gone
+        if not ok:
+            self.rejected += 1
+        return ok
+
+    def feed(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """Take one entry; returns it with ``t`` relative to the run's start (None if it is
+        not ``credible``)."""
+        if not self.credible(rec):
+            return None
         w, it = rec["worker"], rec["iter"]
         t = rec.get("t", self.t0) - self.t0
         rec = {**rec, "t": round(t, 6)}
@@ -254,7 +331,7 @@ def summarize_run(
         "final_loss": _mean([r.get("final_loss") for r in res]),
         "final_accuracy": _mean([r.get("final_accuracy") for r in res]),
         "per_worker": res,
-        "time_to_target": replay.time_to_target,
+        "time_to_target": time_to_target(replay, res, wall_s if finished else None),
         "waiting": {
             "total_s": replay.wait_s,
             "per_iteration_s": replay.wait_s / advanced
@@ -262,6 +339,18 @@ def summarize_run(
             else None,
         },
     }
+
+
+def time_to_target(
+    replay: Replay, reports: list[dict[str, Any]], end_s: float | None
+) -> float | None:
+    """When the workers' mean test loss first reached --target-loss: at a periodic
+    evaluation, or else at the end (``end_s``, a finished run), if the final evaluations'
+    mean reaches it (a run whose last periodic evaluation came before it got there)."""
+    if replay.time_to_target is not None or replay.target_loss is None or end_s is None:
+        return replay.time_to_target
+    final = _mean([r.get("final_loss") for r in reports])
+    return end_s if final is not None and final <= replay.target_loss else None
 
 
 SCHEME_COUNTERS = {
@@ -305,7 +394,7 @@ def token_invariant_violations(
     with a dead end are left out: their queues stopped binding when it died."""
     if max_ig <= 0:
         return 0
-    iters = [int(v or 0) for v in client.mget([keys.iter(i) for i in range(topo.n)])]
+    iters = [read.integer(v) or 0 for v in client.mget([keys.iter(i) for i in range(topo.n)])]
     edges = [(j, i) for j, i in token_edges(topo) if j not in dead and i not in dead]
     sizes = queue_sizes(client, keys, edges)
     return sum(

@@ -51,6 +51,8 @@ def add(a: Params, b: Params) -> Params:
 class WagmaWorker(Node):
     """Worker ``node`` of a WAGMA-SGD run."""
 
+    inline_inbox = False  # the receiver thread answers activations while this one computes
+
     def __init__(self, run: str, worker: int, redis_url: str, **kw: Any) -> None:
         super().__init__(run, worker, redis_url, **kw)
         self.counters = {

@@ -1,22 +1,23 @@
-"""One worker process: ``worker_loop`` driven with ZeroMQ, Redis and a model.
+"""One Hop worker's node: the I/O behind each of the protocol's effects.
 
-The driver performs the protocol's effects and decides nothing the protocol decides (see
-hopbus/protocol/effects.py for what each effect asks):
+The protocol (``worker_loop``) is driven by ``hopbus.runtime.session.Session``, the one driver for
+real processes, whatever trains the model: the built-in models, a Keras model through
+``hopbus.keras.HopCallback``, or any loop through ``hopbus.join()``. This node performs what the
+effects ask with ZeroMQ and Redis and decides nothing the protocol decides:
 
 | effect | performed with |
 | --- | --- |
 | Start | Lua: SET iter 0 (or the resumed iteration), RPUSH the initial tokens |
 | PublishFloor / ReadFloors | SET / MGET ``floor:I`` |
 | Send, SendAcks | encode once, PUSH the same frames to every target (zero-copy) |
-| Compute | real gradient, then sleep to the emulated compute time |
 | Recv | wait on the mailbox the inbox thread fills, until the requirement is ready |
-| Reduce, Apply | new parameter arrays (never in place) |
 | ReadTokenCounts | LLEN of each TokenQ(j->self), pipelined |
 | Advance | BLPOP the tokens queue by queue, then Lua: INCRBY, XADD progress, RPUSH tokens |
 
-After entering every --checkpoint-every'th iteration the worker saves a checkpoint (parameters,
-momentum, minibatch position: hopbus/runtime/checkpoint.py); with --resume-from C it loads its
-checkpoint of C and the loop starts in iteration C.
+Compute, Reduce and Apply touch only parameters: the session does them.
+
+Before iteration 0 every worker starts from worker 0's parameters (``share_start``), whatever
+seed each process used, and a worker whose model has another layout stops there with one line.
 
 With --rejoin it replaces a dead worker of a backup or hybrid run (docs/faults.md): it joins
 (its in-neighbours send to it again), holds what they send, and enters the newest iteration
@@ -39,48 +40,37 @@ from typing import Any, TypeVar
 
 import redis
 
+from hopbus.coord import read
+from hopbus.coord.client import scrub
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import RedisTokenQueues
 from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped
 from hopbus.modes import Mode
-from hopbus.protocol.effects import (
-    Advance,
-    Apply,
-    Compute,
-    Finish,
-    PublishFloor,
-    ReadFloors,
-    ReadTokenCounts,
-    Recv,
-    Reduce,
-    Send,
-    SendAcks,
-    Start,
-)
+from hopbus.protocol.effects import Advance, Send
 from hopbus.protocol.membership import live, rejoin_iteration, survivable
 from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.protocol.store import Outcome, Update
-from hopbus.protocol.worker import worker_loop
-from hopbus.runtime import checkpoint
-from hopbus.runtime.compute import Trainer
+from hopbus.runtime.initial import differs, publish_initial, read_initial
 from hopbus.runtime.node import LOOK_S, Node, advertised, log
 from hopbus.transport import (
     KIND_UPDATE,
+    Layout,
     Message,
+    Params,
     Validator,
-    encode_ack,
     encode_update,
     hwm_for,
-    layout_of,
 )
 
 T = TypeVar("T")
 
 
 class Worker(Node):
-    """Hop worker ``node`` of run ``run``: ``worker_loop`` with ZeroMQ, Redis and a model."""
+    """Hop worker ``node`` of run ``run``: the effects of ``worker_loop`` over ZeroMQ and Redis.
+    ``run_loop`` trains the run's own model (``hopbus worker``); ``hopbus.join()`` hands the
+    node to any other training loop."""
 
     def __init__(
         self,
@@ -91,14 +81,17 @@ class Worker(Node):
         checkpoint_dir: str | Path | None = None,
         resume_from: int | None = None,
         rejoin: bool = False,
+        tensorboard: str | Path | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(run, worker, redis_url, **kw)
+        # where its TensorBoard scalars go (worker-I/ under it): --tensorboard, or none
+        self.tensorboard_dir = Path(tensorboard) if tensorboard else None
         self.worker = worker
         self.rejoin = rejoin  # a replacement for this dead worker (hopbus worker --rejoin)
         self._joined = False  # once begin_rejoin let it in: what to undo if it fails
-        # checkpoints (hopbus/runtime/checkpoint.py): where, and the iteration to resume from
-        self._ckpt_flag = None if checkpoint_dir is None else Path(checkpoint_dir)
+        # where the built-in models' checkpoints go, and the iteration to resume from
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.resume_from = resume_from
         self.start_at = 0
         self.counters = {"messages": 0, "sends_skipped": 0, "acks": 0, "received": 0}
@@ -109,13 +102,24 @@ class Worker(Node):
         self._relink: set[int] = set()  # peers seen dead: check their endpoint before sending
         # a replacement, until it rejoins: in-neighbour -> iteration -> payload of what it sent
         self._held: dict[int, dict[int, Any]] | None = {} if rejoin else None
+        self.rejoined_with: Params | None = None  # a replacement's first parameters
         self.iteration = 0  # the iteration this worker is in (entered), for _restore
         self._rebuild: set[int] = set()  # owners whose TokenQ(j->self) awaits a rebuild
         self._grace_until = 0.0  # after a restore: peers not back yet are not dead
         self._started = False  # once its counter is in Redis (Start)
+        self._newest_from: dict[int, int] = {}  # in-neighbour -> newest iteration it sent
+
+    def run_loop(self) -> dict[str, Any]:
+        """Train the run's own model (``--model``) to the end: the same path as any user's
+        loop (hopbus/runtime/builtin.py)."""
+        from hopbus.runtime.builtin import train_builtin
+
+        return train_builtin(self)
 
     # -- setting up -------------------------------------------------------------------------------
-    def _setup(self) -> None:
+    def setup(self, layout: Layout) -> None:
+        """Plan this worker's protocol, bind its inbox for updates of ``layout``, register,
+        start the heartbeat and connect to its peers (after ``_connect``)."""
         cfg, topo = self.cfg, self.topo
         if self.rejoin and not cfg.mode.uses_backup:
             raise RejoinFailed(
@@ -126,8 +130,7 @@ class Worker(Node):
             warnings.simplefilter("ignore")
             specs = plan(cfg.protocol_settings(), topo)
         self.spec: WorkerSpec = specs[self.worker]
-        self.trainer = Trainer(cfg, self.worker, self.het)
-        self._setup_checkpoints()
+        self.layout = layout
         self.box = self.spec.new_mailbox(self.start_at)
         self.tokens = RedisTokenQueues(self.r, self.keys)
         self.acks = cfg.mode is Mode.NOTIFY_ACK
@@ -137,7 +140,7 @@ class Worker(Node):
             topo.n,
             update_from=s.in_peers,
             ack_from=s.out_peers if self.acks else (),
-            layout=layout_of(self.trainer.params),
+            layout=layout,
             max_iteration=cfg.iterations,
         )
         peers = sorted(set(s.out_peers) | (set(s.in_peers) if self.acks else set()))
@@ -148,6 +151,34 @@ class Worker(Node):
             peers=peers,
             out_hwm=hwm_for(s.store_slots),
         )
+
+    def share_start(self, params: Params) -> Params:
+        """The parameters every worker starts from: worker 0's, which it publishes; every other
+        worker waits for them (up to --timeout) and refuses them, naming the first tensor that
+        differs, if its own model has another layout (hopbus/runtime/initial.py)."""
+        if self.worker == 0:
+            publish_initial(self.r, self.keys, params)
+            return params
+        t0 = time.monotonic()
+        while True:
+            found = read_initial(self.r, self.keys, self.layout, self.topo.n)
+            if found is not None:
+                theirs, arrays = found
+                if arrays is None:
+                    raise ConfigError(
+                        f"worker {self.worker}'s model differs from worker 0's: "
+                        f"{differs(self.layout, theirs)}; every worker of a run must build the "
+                        "same model"
+                    )
+                return arrays
+            self._check_threads()
+            if time.monotonic() - t0 > self.timeout:
+                raise RunFailure(
+                    f"worker {self.worker} waited {self.timeout:g} s for worker 0's initial "
+                    f"parameters ({self.keys.initial}); they never appeared (slow start-up? "
+                    "raise --timeout)"
+                )
+            time.sleep(0.05)  # polling for worker 0, which publishes once it is set up
 
     # -- the receiver thread's side ---------------------------------------------------------------
     def _deliver(self, msg: Message) -> None:
@@ -163,6 +194,8 @@ class Worker(Node):
             if msg.kind == KIND_UPDATE:
                 if self.box.deliver_update(msg.src, msg.iteration, msg.payload) is Outcome.ACCEPTED:
                     self.counters["received"] += 1
+                if msg.iteration > self._newest_from.get(msg.src, -1):
+                    self._newest_from[msg.src] = msg.iteration
             else:
                 self.box.deliver_ack(msg.src, msg.iteration)
             self.cond.notify_all()
@@ -179,8 +212,18 @@ class Worker(Node):
             )
         return out
 
+    def behind(self, iteration: int) -> int | None:
+        """How many iterations this worker, in ``iteration``, is behind its slowest live
+        in-neighbour, as the updates received so far tell (negative: ahead of it; None before
+        every one has sent something)."""
+        with self.cond:
+            seen = [self._newest_from.get(j) for j in live(self.spec.in_peers, self.dead)]
+        known = [it for it in seen if it is not None]
+        return min(known) - iteration if known and len(known) == len(seen) else None
+
     # -- performing effects -----------------------------------------------------------------------
-    def _recv(self, req: Requirement) -> tuple[list[Update], float, tuple[int, ...]]:
+    def recv(self, req: Requirement) -> tuple[list[Update], float, tuple[int, ...]]:
+        """Wait until ``req`` is ready: (what it takes, seconds waited, whom it waited on)."""
         box = self.box
         what = "ACKs" if isinstance(req, AcksFrom) else "updates"
         with self.cond:
@@ -192,7 +235,12 @@ class Worker(Node):
             )
             return req.take(box), waited, on
 
-    def _advance(self, eff: Advance, fields: dict[str, Any]) -> None:
+    def missing(self, req: Requirement) -> tuple[int, ...]:
+        """The live workers ``req`` still waits for, as of now."""
+        with self.cond:
+            return () if req.ready(self.box) else tuple(live(req.missing(self.box), self.dead))
+
+    def advance(self, eff: Advance, fields: dict[str, Any]) -> None:
         """Enter ``eff.to``: one Lua call when the tokens are there; otherwise wait for the
         short queue's next token (BLPOP, looking around every LOOK_S) and try again. Time spent
         waiting for tokens is added to the progress entry's ``wait_s``. A dead owner's queue no
@@ -213,6 +261,7 @@ class Worker(Node):
             if owner is None:
                 self._floor = None
                 self._floors = self.control.floors if floors_of else None
+                self.iteration = eff.to
                 return
             fields["blocked_on"] = [owner]
             t0 = time.monotonic()
@@ -228,6 +277,7 @@ class Worker(Node):
                 spent = time.monotonic() - t0
                 if self._check_alive([owner], f"a token to enter iteration {eff.to}"):
                     break  # declared dead: its queue no longer binds
+                self._check_queue(owner, eff, need[owner])
                 if spent > self.timeout:
                     raise RunFailure(
                         f"worker {self.worker} waited {spent:.0f} s for a token from worker "
@@ -235,6 +285,67 @@ class Worker(Node):
                         "raise --timeout for slow models)"
                     )
             waited = time.monotonic() - t0
+
+    def _check_queue(self, owner: int, eff: Advance, need: int) -> None:
+        """While waiting for a token from ``owner``: does TokenQ(owner->self) hold what the
+        invariant says (Theorem 2: Iter(owner) - Iter(self) + max_ig, less what this wait took
+        already)? Fewer means something deleted or changed it: waiting would only end in a
+        timeout that blames the wrong thing. Read in one transaction, so never mid-Advance."""
+        if owner in self.dead or owner in self._rebuild:
+            return
+        key = self.keys.tok(owner, self.worker)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.llen(key).get(self.keys.iter(owner))
+        size, theirs = pipe.execute(raise_on_error=False)
+        their_iter = read.integer(theirs)
+        if not isinstance(size, int) or their_iter is None:
+            return  # another type there, or its counter not back yet: others report those
+        taken = eff.count - need
+        expected = their_iter - eff.start + self.spec.settings.max_ig - taken
+        if size < expected:
+            raise RunFailure(
+                f"worker {self.worker}: {key} holds {size} tokens where worker {owner}'s "
+                f"counter ({their_iter}) says {expected}: something other than this run's "
+                "workers deleted or changed it (docs/faults.md)"
+            )
+
+    def read_floors(self, of: Sequence[int]) -> dict[int, int]:
+        """The out-neighbours' floors: as the last Advance read them back, or from Redis."""
+        cached, self._floors = self._floors, None
+        if cached is None:
+            cached = self.control.read_floors(of)
+        return cached
+
+    def token_counts(self, of: Sequence[int]) -> dict[int, int]:
+        return self.tokens.sizes(live(of, self.dead), self.worker)
+
+    def start(self, put_to: Sequence[int], count: int, at: int) -> None:
+        """Start in iteration ``at`` (a replacement's commit_rejoin did it already)."""
+        if not self.rejoin:
+            self.control.start(put_to, count, at=at)
+            self.control.event("start", endpoint=self.endpoint)
+        self.iteration = at
+        self._started = True
+
+    def send_update(self, eff: Send, params: Params) -> None:
+        """Send this iteration's parameters to the live targets. A replacement still joining
+        is offered them without waiting (no token bounds what it is sent, and it may die
+        while joining): a full queue skips it."""
+        skip = self.dead - self.joining
+        to = live(eff.to, skip) if skip else eff.to
+        self._relink_to(to)
+        joiners = [j for j in to if j in self.joining]
+        unsent: list[int] = []  # declared dead while their queue was full, or joiners' full
+        if to:
+            frames = encode_update(self.keys.run, self.worker, eff.iteration, params)
+            bound = [j for j in to if j not in self.joining]
+            if bound:
+                unsent += self.send(bound, frames)
+            if joiners:
+                assert self.outbox is not None
+                unsent += self.outbox.offer(joiners, frames)
+        self.counters["messages"] += len(to) - len(unsent)
+        self.counters["sends_skipped"] += len(self.spec.out_peers) - len(to) + len(unsent)
 
     def _lose(self, dead: Sequence[int], what: str) -> bool:
         """Neighbours ``dead`` lost their heartbeat while this worker waited for ``what``:
@@ -250,91 +361,6 @@ class Worker(Node):
         if reason is None:
             return True
         return super()._lose(dead, f"{what} ({reason})")
-
-    def _drive(self) -> dict[str, Any]:
-        s, t, ctl = self.spec, self.trainer, self.control
-        assert self.outbox is not None
-        if self.rejoin:
-            self._join()
-        gen = worker_loop(s, start=self.start_at)
-        self._cpu0 = time.process_time()
-        self._compute_total = 0.0
-        value: Any = None
-        compute_s = wait_s = 0.0
-        blocked_on: tuple[int, ...] = ()
-        while True:
-            eff = gen.send(value)
-            value = None
-            kind = type(eff)
-            if kind is Send:
-                self._send_update(eff)
-            elif kind is Compute:
-                spent, _ = t.gradient(eff.iteration)
-                compute_s += spent
-                self._compute_total += spent
-            elif kind is Recv:
-                req = eff.requirement
-                got, waited, on = self._with_redis(lambda: self._recv(req))  # noqa: B023
-                wait_s += waited
-                if on:
-                    blocked_on = on
-                value = got
-            elif kind is Reduce:
-                t.reduce(eff.self_weight, [(u.payload, w) for u, w in eff.terms])
-            elif kind is Apply:
-                t.apply()
-            elif kind is Advance:
-                self.faults.before_iteration(eff.to)
-                fields = self.progress_fields(eff.start, eff.to, compute_s, wait_s, blocked_on)
-                self._with_redis(lambda: self._advance(eff, fields), advancing=eff)  # noqa: B023
-                self.iteration = eff.to
-                self._checkpoint(eff.to)
-                compute_s = wait_s = 0.0
-                blocked_on = ()
-            elif kind is PublishFloor:
-                self._floor = eff.floor  # rides on the next Advance: late only costs a drop
-            elif kind is ReadFloors:
-                cached, self._floors = self._floors, None  # read back by the last Advance
-                if cached is None:
-                    cached = self._with_redis(lambda: ctl.read_floors(eff.of))  # noqa: B023
-                value = cached
-            elif kind is ReadTokenCounts:
-                of = live(eff.of, self.dead)
-                value = self._with_redis(lambda: self.tokens.sizes(of, self.worker))  # noqa: B023
-            elif kind is SendAcks:
-                if eff.to:
-                    self.send(eff.to, encode_ack(self.keys.run, self.worker, eff.iteration))
-                self.counters["acks"] += len(eff.to)
-            elif kind is Start:
-                if not self.rejoin:  # a replacement's commit_rejoin did it, differently
-                    ctl.start(eff.put_to, eff.count, at=eff.at)
-                    ctl.event("start", endpoint=self.endpoint)
-                self.iteration = eff.at
-                self._started = True
-            elif kind is Finish:
-                return self._with_redis(lambda: self._finish(eff.iterations))  # noqa: B023
-            else:  # pragma: no cover - a new effect without a driver is a bug
-                raise AssertionError(f"no driver for {eff!r}")
-
-    def _send_update(self, eff: Send) -> None:
-        """Send this iteration's parameters to the live targets. A replacement still joining
-        is offered them without waiting (no token bounds what it is sent, and it may die
-        while joining): a full queue skips it."""
-        skip = self.dead - self.joining
-        to = live(eff.to, skip) if skip else eff.to
-        self._relink_to(to)
-        joiners = [j for j in to if j in self.joining]
-        unsent: list[int] = []  # declared dead while their queue was full, or joiners' full
-        if to:
-            frames = encode_update(self.keys.run, self.worker, eff.iteration, self.trainer.params)
-            bound = [j for j in to if j not in self.joining]
-            if bound:
-                unsent += self.send(bound, frames)
-            if joiners:
-                assert self.outbox is not None
-                unsent += self.outbox.offer(joiners, frames)
-        self.counters["messages"] += len(to) - len(unsent)
-        self.counters["sends_skipped"] += len(self.spec.out_peers) - len(to) + len(unsent)
 
     # -- dead workers and their replacements (docs/faults.md) -------------------------------------
     def _set_dead(self, dead: frozenset[int], joining: frozenset[int]) -> None:
@@ -374,11 +400,11 @@ class Worker(Node):
             self._joined = True
         super()._announce(endpoint)
 
-    def _join(self) -> None:
+    def join_as_replacement(self) -> Params:
         """A replacement, announced: wait until an iteration to enter is found among what the
         in-neighbours sent (membership.rejoin_iteration) and commit_rejoin takes it, up to
-        --timeout; then take that update's parameters and start there. Whatever goes wrong
-        before it is in is this process's failure, not the run's (RejoinFailed)."""
+        --timeout; then start there with that update's parameters (returned). Whatever goes
+        wrong before it is in is this process's failure, not the run's (RejoinFailed)."""
         run = self.keys.run
         try:
             self._find_and_commit()
@@ -397,6 +423,8 @@ class Worker(Node):
                 f"--rejoin: worker {self.worker} lost Redis while joining run {run} ({exc}); "
                 "start it again once Redis is back"
             ) from None
+        assert self.rejoined_with is not None
+        return self.rejoined_with
 
     def _find_and_commit(self) -> None:
         s, ctl = self.spec, self.control
@@ -439,7 +467,7 @@ class Worker(Node):
                     f"{self.keys.run} in within {self.timeout:g} s: {why}"
                 )
             with self.cond:
-                self.cond.wait(LOOK_S)  # woken by every update that arrives
+                self.await_delivery(LOOK_S)  # woken by every update that arrives
         self._enter_at(k, held, dead)
 
     def _enter_at(self, k: int, held: dict[int, dict[int, Any]], dead: frozenset[int]) -> None:
@@ -455,7 +483,7 @@ class Worker(Node):
                     if it >= k and self.box.deliver_update(j, it, updates[it]) is Outcome.ACCEPTED:
                         self.counters["received"] += 1
             self._held = None
-        self.trainer.adopt(held[src][k])
+        self.rejoined_with = held[src][k]
         self.start_at = k
         self._started = True  # its counter is in Redis again
         self._set_dead(dead, frozenset())
@@ -475,7 +503,7 @@ class Worker(Node):
         super().close()
 
     # -- a restarted broker (docs/faults.md) ------------------------------------------------------
-    def _with_redis(self, op: Callable[[], T], advancing: Advance | None = None) -> T | None:
+    def with_redis(self, op: Callable[[], T], advancing: Advance | None = None) -> T | None:
         """``op()``, riding out a Redis that goes away: reconnect with backoff (up to
         --timeout), put back what a restart lost (``_restore``), and do ``op`` again. Returns
         None, without redoing it, if ``advancing`` had been entered before the line broke."""
@@ -498,6 +526,8 @@ class Worker(Node):
         super()._check_threads()
         if not self._started:
             return
+        if self.heartbeat is not None and self.heartbeat.restarted:
+            raise StateLostError("Redis restarted (another instance): its state is stale")
         counter, current = self.control.standing()
         if not counter:
             raise StateLostError("Redis lost this worker's counter")
@@ -506,15 +536,23 @@ class Worker(Node):
 
     def _restore(self, advancing: Advance | None) -> bool:
         """After reconnecting: whether ``advancing`` went through; and if Redis lost this
-        worker's state (a restart without persistence), put it back: counter, heartbeat,
-        endpoint, the run's config, the dead it knows; the token queues it takes from are
-        rebuilt from the invariant once each owner has put its counter back."""
-        own = self.r.get(self.keys.iter(self.worker))
-        if advancing is not None and own is not None and int(own) == advancing.to:
+        worker's state (a restart without persistence) or holds an older one (a restart from a
+        snapshot: another broker instance, its counters behind), put it back: counter,
+        heartbeat, endpoint, the run's config, the dead it knows, marked as in this broker; the
+        token queues it takes from are rebuilt from the invariant once each owner has put its
+        state back in this broker too (its mark)."""
+        ctl = self.control
+        broker = ctl.broker_id()
+        restarted = broker != ctl.epoch  # whatever it holds of the run is not this worker's
+        own = read.integer(self.r.get(self.keys.iter(self.worker)))
+        if not restarted and advancing is not None and own == advancing.to:
             self.iteration = advancing.to
             return True
-        if own is not None and int(own) == self.iteration:
+        if not restarted and own == self.iteration:
             return False  # a broken connection, nothing lost
+        ctl.epoch = broker  # from now on, state is trusted only if put back in this one
+        if self.heartbeat is not None:
+            self.heartbeat.restarted = False
         self.control.restore(
             self.iteration,
             heartbeat_ms=self.heartbeat.ttl_ms if self.heartbeat else 1000,
@@ -538,63 +576,19 @@ class Worker(Node):
             self._rebuild.discard(j)
         return None
 
-    # -- checkpoints ------------------------------------------------------------------------------
-    def _setup_checkpoints(self) -> None:
-        """Where this worker's checkpoints go (--checkpoint-dir, else runs/RUN/checkpoints),
-        how many it keeps, and, with --resume-from C, load checkpoint C to start there."""
-        cfg = self.cfg
-        self.ckpt_dir = self._ckpt_flag or Path("runs") / self.keys.run / "checkpoints"
-        self._ckpt_keep: int | None = None
-        if cfg.checkpoint_every:
-            bound = self.topo.table1(cfg.gap_setting())["any_pair"]
-            self._ckpt_keep = checkpoint.keep_for(bound, cfg.checkpoint_every)
-        c = self.resume_from
-        if c is None:
-            return
-        if not 0 <= c <= cfg.iterations:
-            raise ConfigError(
-                f"--resume-from {c}: run {self.keys.run} has iterations 0..{cfg.iterations}"
-            )
-        got = checkpoint.load(self.ckpt_dir, self.worker, c, layout_of(self.trainer.params))
-        self.trainer.load_state(got.state)
-        self.start_at = c
-
-    def _checkpoint(self, k: int) -> None:
-        """On entering iteration ``k``, write this worker's checkpoint if ``k`` is a multiple
-        of --checkpoint-every (not the last iteration: nothing would be left to resume). A jump
-        over a multiple writes nothing, so that every set holds one iteration for all."""
-        every = self.cfg.checkpoint_every
-        if not every or k % every or k >= self.cfg.iterations:
-            return
-        try:
-            checkpoint.save(
-                self.ckpt_dir,
-                self.worker,
-                k,
-                self.trainer.state(),
-                run=self.keys.run,
-                model=self.cfg.model,
-            )
-            checkpoint.prune(self.ckpt_dir, self.worker, self._ckpt_keep)
-        except OSError as exc:
-            raise RunFailure(
-                f"worker {self.worker} could not write its checkpoint of iteration {k} in "
-                f"{self.ckpt_dir}: {exc.strerror or exc}"
-            ) from None
-
-    def _finish(self, iterations: int) -> dict[str, Any]:
-        if self._floor is not None:
-            self.control.publish_floor(self._floor)
-        return self.finish_worker(iterations, self._cpu0, self._compute_total)
+    def publish_floor(self, floor: int) -> None:
+        """The floor a PublishFloor left for an Advance that never came (the last one)."""
+        self.control.publish_floor(floor)
 
 
 def report_failure(redis_url: str, run: str, worker: int, message: str) -> None:
-    """Best effort: put a worker's failure on the run's events stream for ``hopbus inspect``."""
-    with contextlib.suppress(redis.RedisError, ConfigError, OSError):
+    """Best effort: put a worker's failure on the run's events stream for ``hopbus inspect``
+    (scrubbed of secrets: ``coord.client.scrub``)."""
+    with contextlib.suppress(redis.RedisError, ConfigError, OSError, ValueError):
         client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
         keys = RunKeys(run)
         if client.exists(keys.meta):  # never create keys for a run that does not exist
-            RunControl(client, keys, worker).event("error", message=message)
+            RunControl(client, keys, worker).event("error", message=scrub(message, redis_url))
         client.close()
 
 

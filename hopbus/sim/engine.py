@@ -1,9 +1,11 @@
 """A discrete-event driver of ``worker_loop``: the real protocol, in virtual time.
 
 Each worker is the protocol's own generator. The engine performs its effects: Compute takes
-``compute_time * slowdown`` virtual seconds, a Send arrives ``latency (+ link delay, + jitter)``
-later, token queues are a ``TokenLedger``. Nothing is decided here that the protocol decides;
-the engine only waits, delivers and measures.
+``compute_time * slowdown`` virtual seconds, a Send arrives ``latency`` plus its link's delay
+for ``message_bytes`` later (times the sender's slowdown with ``iteration`` scope:
+``heterogeneity.message_delay``, the rule a real worker's inbox follows too; then up to
+``jitter`` more), token queues are a ``TokenLedger``. Nothing is decided here that the
+protocol decides; the engine only waits, delivers and measures.
 
 While it runs it checks, at every iteration change, what the paper proves:
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hopbus.gaps import GapMonitor
-from hopbus.heterogeneity import SlowdownModel
+from hopbus.heterogeneity import SlowdownModel, SlowdownScope, message_delay
 from hopbus.protocol.effects import (
     Advance,
     Apply,
@@ -106,6 +108,7 @@ class SimResult:
     store_peak: list[int] = field(default_factory=list)
     store_bound: list[int | None] = field(default_factory=list)
     scheme: dict[str, Any] | None = None  # a related scheme's own report (hopbus/sim/ps.py)
+    message_bytes: int | None = None  # what an update was charged on links with a bandwidth
 
     @property
     def deadlocked(self) -> bool:
@@ -126,11 +129,15 @@ class Simulation:
         latency: float = 0.05,
         jitter: float = 0.0,
         seed: int = 0,
+        scope: SlowdownScope = SlowdownScope.COMPUTE,
+        message_bytes: int = 0,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         loop: Callable[[WorkerSpec], Loop] = worker_loop,
         audit: bool = False,
     ) -> None:
-        """``loop`` builds each worker's generator (tests wrap ``worker_loop`` to watch it);
+        """``scope``: what a slowdown factor stretches (``--slowdown-scope``);
+        ``message_bytes``: the size of an update on links with a bandwidth (an ACK has none).
+        ``loop`` builds each worker's generator (tests wrap ``worker_loop`` to watch it);
         ``audit`` checks after every event that no waiting worker could in fact go on, i.e.
         that no wake-up was missed (slow: for tests)."""
         self.topology = topology
@@ -139,6 +146,8 @@ class Simulation:
         self.compute_time = compute_time
         self.latency = latency
         self.jitter = jitter
+        self.scope = scope
+        self.message_bytes = message_bytes
         self._same_delay = not jitter and not heterogeneity.has_link_delays  # one event per Send
         self._rng = random.Random(seed)
         self.on_progress = on_progress
@@ -168,8 +177,10 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, a, b, c))
 
-    def _delay(self, src: int, dst: int) -> float:
-        d = self.latency + self.het.link_delay(src, dst)
+    def _delay(self, src: int, dst: int, iteration: int, nbytes: int) -> float:
+        d = message_delay(
+            self.het, src, dst, iteration, nbytes, scope=self.scope, base=self.latency
+        )
         if self.jitter:
             d *= 1.0 + self.jitter * self._rng.random()
         return d
@@ -178,11 +189,14 @@ class Simulation:
         """Schedule one message to each target; targets sharing a delay share one event."""
         if not targets:
             return
-        if self._same_delay:
-            self._push(self.now + self.latency, kind, src, iteration, targets)
+        nbytes = self.message_bytes if kind == _UPDATE else 0
+        if self._same_delay:  # no link differs: the sender's factor at most, the same for all
+            d = self._delay(src, targets[0], iteration, nbytes)
+            self._push(self.now + d, kind, src, iteration, targets)
             return
         for j in targets:
-            self._push(self.now + self._delay(src, j), kind, src, iteration, (j,))
+            d = self._delay(src, j, iteration, nbytes)
+            self._push(self.now + d, kind, src, iteration, (j,))
 
     # -- performing effects ----------------------------------------------------------------------
     def _step(self, w: _Worker, value: Any) -> None:
@@ -415,4 +429,5 @@ class Simulation:
             counters=counters,
             store_peak=[s.peak for s in stores],
             store_bound=bounds,
+            message_bytes=self.message_bytes or None,
         )

@@ -2,9 +2,10 @@
 ``hopbus ps`` process runs, driven by a discrete-event loop.
 
 A worker computes for ``compute_time`` x its slowdown factor, its push reaches the server
-``latency`` later, the server decides at once (it timestamps the push with the virtual clock,
-as the real one does with its own), and a reply reaches the worker ``latency`` later. Gaps and
-iteration times are measured by the same GapMonitor and RunStats as every other run.
+``latency`` later (times that factor with ``iteration`` scope: ``message_delay``), the server
+decides at once (it timestamps the push with the virtual clock, as the real one does with its
+own), and a reply reaches the worker ``latency`` later. Gaps and iteration times are measured
+by the same GapMonitor and RunStats as every other run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from hopbus.baselines.ps import make_core
 from hopbus.baselines.spec import SchemeSettings
 from hopbus.gaps import GapMonitor
-from hopbus.heterogeneity import SlowdownModel
+from hopbus.heterogeneity import SlowdownModel, SlowdownScope, message_delay
 from hopbus.sim.engine import Blocked, SimResult
 from hopbus.summary import RunStats
 from hopbus.topology import GapSetting, Topology
@@ -37,9 +38,11 @@ class PSSimulation:
         *,
         compute_time: float = 1.0,
         latency: float = 0.05,
+        scope: SlowdownScope = SlowdownScope.COMPUTE,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.topology = topology
+        self.scope = scope
         self.settings = settings
         self.het = heterogeneity
         self.compute_time = compute_time
@@ -67,7 +70,8 @@ class PSSimulation:
             computed[w] = dur
             pushed_at[w] = now + dur
             seq += 1
-            heapq.heappush(heap, (now + dur + self.latency, seq, _PUSH, w, 0, 0))
+            push = message_delay(self.het, w, n, it[w], scope=self.scope, base=self.latency)
+            heapq.heappush(heap, (now + dur + push, seq, _PUSH, w, 0, 0))
 
         for w in range(n):
             compute(w, 0.0)

@@ -11,6 +11,7 @@ from hopbus.heterogeneity import Heterogeneity
 from hopbus.modes import HOP_MODES, Family
 from hopbus.sim.engine import SimResult, Simulation
 from hopbus.sim.ps import PSSimulation
+from hopbus.sim.size import snapshot_bytes
 from hopbus.summary import progress_summary
 from hopbus.topology import Topology
 
@@ -38,6 +39,7 @@ def prepare(
             het,
             compute_time=cfg.compute_time,
             latency=cfg.latency,
+            scope=cfg.slowdown_scope,
             on_progress=on_progress,
         )
         return cfg, ps  # type: ignore[return-value]
@@ -49,9 +51,17 @@ def prepare(
         latency=cfg.latency,
         jitter=cfg.jitter,
         seed=cfg.seed,
+        scope=cfg.slowdown_scope,
+        message_bytes=charged_bytes(cfg, het),
         on_progress=on_progress,
     )
     return cfg, sim
+
+
+def charged_bytes(cfg: RunConfig, het: Heterogeneity) -> int:
+    """What an update is charged on the run's links: its snapshot's bytes, when some link has
+    a bandwidth; 0 otherwise (its size then changes nothing, and is not worked out)."""
+    return snapshot_bytes(cfg) if het.charges_bytes else 0
 
 
 def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, Any]:
@@ -70,6 +80,7 @@ def summarize(cfg: RunConfig, topo: Topology, result: SimResult) -> dict[str, An
         "max_update_queue": max(result.store_peak),
         "update_queue_bound": max(bounds) if bounds else None,
         "messages": c["messages"],
+        "message_bytes": result.message_bytes,
         "sends_skipped": c["sends_skipped"],
         "acks": c["acks"],
         "checks": {

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hopbus.modes import HOP_MODES, Mode
+from hopbus.topology.analysis import PathFacts, largest_bound
 
 INF = math.inf
 
@@ -86,27 +87,31 @@ def bound_matrix(setting: GapSetting, dist: np.ndarray) -> np.ndarray:
     return b
 
 
-def _largest(values: np.ndarray) -> float | None:
-    if values.size == 0:
-        return 0
-    top = float(values.max())
-    return None if math.isinf(top) else int(top)
+def neighbour_bound(setting: GapSetting, to_j: int, to_i: int) -> float:
+    """The bound on Iter(i) - Iter(j) given length(Path i->j) and length(Path j->i): one entry
+    of ``bound_matrix``."""
+    return min(setting.forward * to_i, setting.backward * to_j)
 
 
-def table1(b: np.ndarray, dist: np.ndarray) -> dict[str, float | None]:
+def _finite(bound: float) -> int | None:
+    return None if math.isinf(bound) else int(bound)
+
+
+def table1(setting: GapSetting, paths: PathFacts) -> dict[str, float | None]:
     """The three columns of Table 1 maximised over the graph; None where the paper says infinity.
 
-    ``b`` is a ``bound_matrix``. ``in_neighbour``: Iter(i) - Iter(j) for j in N_in(i);
-    ``out_neighbour``: for j in N_out(i); ``adjacent``: either; ``any_pair``: any i != j.
-    """
-    n = dist.shape[0]
-    off = ~np.eye(n, dtype=bool)
-    edge = (dist == 1) & off  # edge[i, j]: i -> j
+    ``in_neighbour``: Iter(i) - Iter(j) for j in N_in(i), at most min(b0, back x the way back
+    from i to j), largest for the longest way back; ``out_neighbour``: for j in N_out(i);
+    ``adjacent``: either; ``any_pair``: any i != j, the largest ``bound_matrix`` entry.
+    ``paths``: the graph's ``analysis.PathFacts`` (no n x n matrix is needed)."""
+    f, b, back = setting.forward, setting.backward, paths.max_return
+    into = neighbour_bound(setting, back, 1)
+    out = neighbour_bound(setting, 1, back)
     return {
-        "in_neighbour": _largest(b[edge.T]),
-        "out_neighbour": _largest(b[edge]),
-        "adjacent": _largest(b[(edge | edge.T)]),
-        "any_pair": _largest(b[off]),
+        "in_neighbour": _finite(into),
+        "out_neighbour": _finite(out),
+        "adjacent": _finite(max(into, out)),
+        "any_pair": _finite(largest_bound(f, b, paths.pairs)),
     }
 
 

@@ -10,7 +10,7 @@ import networkx as nx
 import numpy as np
 
 from hopbus.topology import analysis
-from hopbus.topology.bounds import GapSetting, bound_matrix, table1
+from hopbus.topology.bounds import GapSetting, bound_matrix, neighbour_bound, table1
 from hopbus.topology.graphs import WEIGHT, build
 
 SPECTRAL_LIMIT = 2000  # dense eigenvalues of W: about 1.5 s at 2000 workers, O(n^3)
@@ -45,8 +45,8 @@ class Topology:
         """Build and validate the graph a ``--topology`` string names; warn if W is not doubly
         stochastic (the paper's convergence needs it, but a user may know better)."""
         topo = cls(build(name, n), name=name)
-        if not analysis.is_doubly_stochastic(topo.weights):
-            _, rows = analysis.stochastic_defects(topo.weights)
+        if not topo.doubly_stochastic:
+            _, rows = analysis.graph_defects(topo.graph)
             warnings.warn(
                 f"topology {name!r}: W is not doubly stochastic (a row sums {rows:.3g} away "
                 "from 1); decentralized SGD may converge to a biased average",
@@ -61,12 +61,32 @@ class Topology:
 
     @cached_property
     def weights(self) -> np.ndarray:
+        """W as a dense n x n matrix (the spectral gap's); ``weight`` reads one entry."""
         return analysis.weight_matrix(self.graph)
 
     @cached_property
     def distances(self) -> np.ndarray:
-        """``D[i, j]`` = length(Path_{i->j})."""
+        """``D[i, j]`` = length(Path_{i->j}), as an n x n matrix: for small graphs only (a
+        run's own checks use ``paths``)."""
         return analysis.distance_matrix(self.graph)
+
+    @cached_property
+    def paths(self) -> analysis.PathFacts:
+        """What Table 1 needs of the shortest paths, without an n x n matrix."""
+        return analysis.path_facts(self.graph)
+
+    def return_distance(self, src: int, dst: int) -> int:
+        """length(Path_{dst->src}) for an edge src -> dst: how far its way back is."""
+        if not self.paths.return_of:
+            return 1  # every edge goes both ways
+        return self.paths.return_of[(src, dst)]
+
+    def neighbour_bound(self, i: int, j: int, setting: GapSetting) -> float:
+        """Table 1's bound on Iter(i) - Iter(j) for neighbours i and j (an edge either way;
+        ``inf``: none): ``bounds(setting)[i, j]`` without the matrix."""
+        to_j = 1 if j in self.out_peers[i] else self.return_distance(j, i)  # Path i->j
+        to_i = 1 if j in self.in_peers[i] else self.return_distance(i, j)  # Path j->i
+        return neighbour_bound(setting, to_j, to_i)
 
     @cached_property
     def spectral_gap(self) -> float | None:
@@ -83,17 +103,19 @@ class Topology:
 
     @property
     def doubly_stochastic(self) -> bool:
-        return analysis.is_doubly_stochastic(self.weights)
+        cols, rows = analysis.graph_defects(self.graph)
+        return max(cols, rows) <= analysis.STOCHASTIC_TOLERANCE
 
     @property
     def diameter(self) -> int:
-        return int(self.distances.max())
+        return self.paths.diameter
 
     def bounds(self, setting: GapSetting) -> np.ndarray:
         """Per-pair Table 1 bounds: ``B[i, j]`` bounds Iter(i) - Iter(j) (inf: none).
 
-        Read-only. The most recent setting's matrix is kept, because planning a run, checking
-        it and summarising it all ask for the same one; only one, because it is n x n."""
+        Read-only, n x n: for small graphs (``hopbus top``, a run that lost a worker); planning
+        a run, checking it and summarising it use ``neighbour_bound``, ``table1`` and the
+        gap monitor's per-edge limits instead. The most recent setting's matrix is kept."""
         if self._bounds is None or self._bounds[0] != setting:
             b = bound_matrix(setting, self.distances)
             b.flags.writeable = False
@@ -101,7 +123,8 @@ class Topology:
         return self._bounds[1]
 
     def table1(self, setting: GapSetting) -> dict[str, float | None]:
-        return table1(self.bounds(setting), self.distances)
+        """Table 1's columns maximised over this graph (``bounds.table1``)."""
+        return table1(setting, self.paths)
 
     def in_degree(self, i: int) -> int:
         """Number of in-neighbours, the self-loop not counted."""

@@ -23,9 +23,15 @@ from hopbus.userfiles import read_text
 WEIGHT = "weight"
 _INT = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take other scripts' digits
 
-#: The most workers a graph may have. Simulating and checking a run keeps n x n matrices of
-#: distances and Table 1 bounds (about 20 bytes per pair: 0.5 GB at 5000 workers).
-MAX_WORKERS = 5000
+#: The most workers a graph may have. Nothing keeps an n x n matrix for a run (Table 1 is
+#: checked through the edges, hopbus/gaps.py), but its bounds need the shortest paths from every
+#: worker: breadth-first searches that take time n x edges (2 s at 10,000 workers on the
+#: ring-based graph, about 7 s at 20,000; twice that for graphs with one-way edges).
+MAX_WORKERS = 20_000
+
+#: The most edges a graph may have (4,000,000: a complete graph of 2,000 workers); every edge
+#: is a networkx edge and, in a run, a token queue.
+MAX_EDGES = 4_000_000
 
 #: Names accepted by :func:`build`, with the one-line meaning shown in ``--help`` and errors.
 NAMES: dict[str, str] = {
@@ -60,13 +66,19 @@ def with_self_loops_and_eq1(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
-def _require(n: int, least: int, name: str) -> None:
+def _require(n: int, least: int, name: str, edges: int = 0) -> None:
+    """``n`` workers (and ``edges`` edges, self-loops not counted) are within hopbus's limits."""
     if n < least:
         raise TopologyError(f"{name} needs at least {least} workers (got {n})")
     if n > MAX_WORKERS:
         raise TopologyError(
-            f"{name} with {n} workers is more than hopbus handles ({MAX_WORKERS}): it keeps "
-            "an n x n matrix of pairwise bounds"
+            f"{name} with {n} workers is more than hopbus handles ({MAX_WORKERS}): its "
+            "Table 1 bounds need a breadth-first search from every worker"
+        )
+    if edges > MAX_EDGES:
+        raise TopologyError(
+            f"{name} with {n} workers has {edges} edges, more than hopbus handles "
+            f"({MAX_EDGES}): every edge is a token queue"
         )
 
 
@@ -118,7 +130,7 @@ def double_ring(n: int) -> nx.DiGraph:
 
 def complete(n: int) -> nx.DiGraph:
     """Every worker sends to every other one."""
-    _require(n, 2, "complete")
+    _require(n, 2, "complete", n * (n - 1))
     g = _empty(n)
     for i in range(n):
         for j in range(n):
@@ -140,7 +152,7 @@ def hierarchical(sizes: Sequence[int]) -> nx.DiGraph:
             "hierarchical needs machine sizes of at least 1, e.g. hierarchical:4,2,2"
         )
     n = sum(sizes)
-    _require(n, 2, "hierarchical")
+    _require(n, 2, "hierarchical", sum(s * (s - 1) for s in sizes))
     g = _empty(n)
     machines: list[list[int]] = []
     start = 0
@@ -196,7 +208,7 @@ def from_edge_lines(lines: Iterable[str], origin: str = "edge list") -> nx.DiGra
     if g.number_of_nodes() == 0:
         raise TopologyError(f"{origin}: no edges")
     n = max(g.nodes) + 1
-    _require(n, 2, origin)
+    _require(n, 2, origin, sum(a != b for a, b in g.edges))
     missing = sorted(set(range(n)) - set(g.nodes))
     if missing:
         raise TopologyError(

@@ -11,8 +11,10 @@ updates outstanding towards one receiver than the receiver's store has slots (Ta
 and no valid update waits.
 
 Emulated slow links (``--slowdown link:...`` or ``machines:...``): given ``delay``, the
-receiver thread holds each valid message for ``delay(src)`` seconds before handing it over, in
-arrival order per sender, so the callback still runs on this one thread only.
+receiver thread holds each valid message for ``delay(message)`` seconds before handing it over
+(``link_hold``: its link's latency, its bytes over the link's bandwidth, and with
+``--slowdown-scope iteration`` the sender's slowdown in the message's iteration), delivering
+held messages in the order they fall due, so the callback still runs on this one thread only.
 
 CURVE (``curve``, ``--curve``): the socket serves with the run's server keypair and a ZAP
 authenticator admits only the run's client key, so a peer without the run's keys never
@@ -28,7 +30,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -37,6 +39,10 @@ from zmq.utils.monitor import recv_monitor_message
 from hopbus.transport.codec import DROP_REASONS, FrameError, Message, Validator
 from hopbus.transport.curve import CurveKeys
 from hopbus.transport.errors import TransportError
+
+if TYPE_CHECKING:
+    from hopbus.heterogeneity import SlowdownModel, SlowdownScope
+from hopbus.transport.outbox import COPY_BYTES
 
 POLL_MS = 100  # how long close() may wait for the receiver thread to notice
 DRAIN_BATCH = 64  # messages taken per wake-up before checking for close() again
@@ -49,6 +55,35 @@ a nonce (8), a flags byte and the 16-byte MAC around the payload (33 in libzmq 4
 REFUSED_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 """Monitor events of a refused peer: ZAP said no (a wrong client key), or the handshake
 itself failed (a peer without CURVE, or one that does not know the server key)."""
+
+
+def payload_bytes(msg: Message) -> int:
+    """The bytes of the parameters a message carries (0 for an ACK and the other tensorless
+    kinds): what a link with a bandwidth charges it."""
+    return 0 if msg.payload is None else sum(int(a.nbytes) for a in msg.payload.values())
+
+
+def link_hold(
+    het: SlowdownModel,
+    receiver: int,
+    scope: SlowdownScope,
+    message_bytes: int | None = None,
+) -> Callable[[Message], float] | None:
+    """How long ``receiver``'s inbox holds each message: ``heterogeneity.message_delay``, the
+    simulator's rule, for the message's sender, iteration and bytes (``message_bytes`` instead
+    of the real ones for a message with parameters, when given: ``--message-bytes``). None
+    where the run has no emulated link."""
+    if not het.has_link_delays:
+        return None
+    from hopbus.heterogeneity import message_delay
+
+    def hold(msg: Message) -> float:
+        nbytes = payload_bytes(msg)
+        if nbytes and message_bytes is not None:
+            nbytes = message_bytes
+        return message_delay(het, msg.src, receiver, msg.iteration, nbytes, scope=scope)
+
+    return hold
 
 
 def hwm_for(outstanding: int, *, acks: bool = False, slack: int = 2) -> int:
@@ -65,8 +100,8 @@ class Inbox:
     a bug in the owner: the exception is kept in ``error`` and the thread stops, so the owner can
     re-raise it (``check()``) rather than have it vanish in a thread.
 
-    ``delay(src)``: seconds a message from ``src`` is held before delivery (emulated link
-    latency); None or 0 delivers at once.
+    ``delay(message)``: seconds a message is held before delivery (an emulated link:
+    ``link_hold``); None or 0 delivers at once.
 
     ``curve``: serve with the run's CURVE keys and admit only its client key (see the module
     docstring); None is a plain socket that accepts any peer.
@@ -80,10 +115,17 @@ class Inbox:
         on_message: Callable[[Message], None],
         *,
         hwm: int,
-        delay: Callable[[int], float] | None = None,
+        delay: Callable[[Message], float] | None = None,
         curve: CurveKeys | None = None,
+        inline: bool = False,
     ) -> None:
+        if inline and (delay is not None or curve is not None):
+            raise ValueError("an inline inbox holds no messages and serves no CURVE")
+        self.inline = inline
         self.validator = validator
+        # a small model's messages are received as bytes (copied), cheaper than zero-copy
+        # frames; a large one's tensors by reference
+        self._copy = validator.max_tensor_bytes < COPY_BYTES
         self._on_message = on_message
         self._delay = delay
         self._held: list[tuple[float, int, Message]] = []  # (due, arrival order, message)
@@ -119,7 +161,10 @@ class Inbox:
         self.port: int = int(self.endpoint.rsplit(":", 1)[1])
 
     def start(self) -> None:
-        """Launch the receiver thread (a daemon: it never keeps a process alive)."""
+        """Launch the receiver thread (a daemon: it never keeps a process alive); an inline
+        inbox has none: its owner calls ``pump``."""
+        if self.inline:
+            return
         if self._thread is not None:
             raise RuntimeError("inbox already started")
         self._thread = threading.Thread(
@@ -206,6 +251,16 @@ class Inbox:
         except BaseException as exc:
             self.error = exc
 
+    def pump(self, timeout_s: float) -> None:
+        """An inline inbox, on its owner's thread: wait up to ``timeout_s`` for a message,
+        then receive, check and deliver every one waiting (up to DRAIN_BATCH)."""
+        sock = self._sock
+        if not sock.poll(max(0, round(timeout_s * 1000))):
+            return
+        for _ in range(DRAIN_BATCH):
+            if not self._receive_one(sock):
+                return
+
     def _count_refusals(self, monitor: zmq.Socket) -> None:
         """Count the refused handshakes the monitor reports."""
         for _ in range(DRAIN_BATCH):
@@ -222,7 +277,7 @@ class Inbox:
         (or, on an emulated slow link, when it is delivered), so the inbox never holds a
         snapshot the owner has let go of."""
         try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=self._copy)
         except zmq.Again:
             return False
         self._handle(frames)
@@ -236,7 +291,7 @@ class Inbox:
                 self._drops[exc.reason] += 1
             return
         self.received += 1
-        hold = self._delay(msg.src) if self._delay is not None else 0.0
+        hold = self._delay(msg) if self._delay is not None else 0.0
         if hold > 0:
             heapq.heappush(self._held, (time.monotonic() + hold, next(self._order), msg))
         else:

@@ -124,7 +124,7 @@ def test_config_file_env_and_flags_layer(tmp_path):
     [
         (["sim", "--topology", "nope"], "unknown topology 'nope'"),
         (["sim", "--workers", "1"], "ring-based needs at least 2 workers (got 1)"),
-        (["sim", "--workers", "99999999999999999999"], "more than hopbus handles (5000)"),
+        (["sim", "--workers", "99999999999999999999"], "more than hopbus handles (20000)"),
         (["sim", "--mode", "backup", "--backup", "3"], "must be smaller than worker 0's in-degree"),
         (["sim", "--mode", "staleness", "--staleness", "-1"], "--staleness"),
         (["sim", "--mode", "backup", "--max-ig", "0"], "needs token queues"),
@@ -267,3 +267,29 @@ def test_checkpoint_flags_refuse_bad_input_in_one_line(tmp_path):
 def test_resume_is_not_a_flag_of_create():
     p = hopbus("create", "--resume", "x")
     assert p.returncode == 2 and "No such option" in p.stderr
+
+
+def test_your_own_model_and_data_that_cannot_be_used_are_one_line(tmp_path):
+    """--model / --data MODULE:FUNCTION: refused before any process starts, exit 2."""
+    (tmp_path / "mine.py").write_text(
+        "import numpy as np\n"
+        "def model():\n    return 'a string'\n"
+        "def data():\n    return np.zeros((4, 2)), np.zeros(4)\n"
+        "def broken():\n    raise KeyError('no such layer')\n"
+    )
+    cases = [
+        (["--model", "nosuchmodule_hopbus:build"], "no module named 'nosuchmodule_hopbus'"),
+        (["--model", "mine:absent"], "module 'mine' has no 'absent'"),
+        (["--model", "mine:model"], "returned a str: expected a compiled Keras model"),
+        (["--model", "mine:broken"], "raised KeyError: 'no such layer'"),
+        (["--data", "mine:data"], "returned a tuple: expected (x_train, y_train, x_test, y_test)"),
+        (["--model", "mine.py:model", "--mode", "ps-bsp"], "returned a str"),
+        (["--model", "not a spec"], "unknown model"),
+    ]
+    for flags, expected in cases:
+        p = hopbus("train", "-n", "2", "--iterations", "5", *flags, cwd=tmp_path)
+        assert p.returncode == 2, (flags, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hopbus: error: "), (flags, p.stderr)
+        assert expected in lines[0], (flags, lines[0])
+    assert not list(tmp_path.glob("runs/*")), "nothing was started"

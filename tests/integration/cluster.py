@@ -133,16 +133,18 @@ def wait_iteration(client, keys, worker: int, at: int, timeout: float = 120) -> 
 
 @contextlib.contextmanager
 def acl_broker(folder: Path, password: str):
-    """redis-server with the broker's own config and ACL file (the password replaced, the port
+    """redis-server with the broker's own config and ACL file (the password added, the port
     and bind address the test's), as the compose redis service runs it: the hopbus user alone
     may log in. Yields (port, url of the hopbus user)."""
     from hopbus.coord.broker import EmbeddedRedis, free_port
     from hopbus.coord.client import connect
 
     root = Path(__file__).resolve().parents[2]
-    acl = (root / "broker" / "users.acl").read_text()
-    assert ">change-me" in acl
-    (folder / "users.acl").write_text(acl.replace(">change-me", f">{password}"))
+    acl = (root / "broker" / "users.acl").read_text().splitlines()
+    # the password on the hopbus user's line, where broker/start.sh puts it (hashed there)
+    acl = [f"{x} >{password}" if x.startswith("user hopbus ") else x for x in acl]
+    assert any(x.startswith("user hopbus ") for x in acl)
+    (folder / "users.acl").write_text("\n".join(acl) + "\n")
     port = free_port()
     args = [
         EmbeddedRedis().binary,

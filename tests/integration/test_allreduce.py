@@ -170,3 +170,13 @@ def test_sim_refuses_allreduce(tmp_path):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "runs on the cluster only" in lines[0], p.stderr
+
+
+def test_compose_generate_needs_no_torch(tmp_path):
+    """The file is written on a host that may lack PyTorch; the workers' image has it."""
+    p = _hopbus(
+        _without_torch(tmp_path), "compose", "generate", "--cpu", "4", "--mode", "allreduce"
+    )
+    assert p.returncode == 0, p.stderr
+    flags = json.loads(p.stdout)["services"]["init"]["command"]
+    assert "allreduce" in flags

@@ -1,5 +1,6 @@
-"""Hostile or broken input on the data plane: a live worker in a training run receives 1,000
-bad frames; every one is dropped and counted under its reason, and the run still trains."""
+"""Hostile or broken input on the data plane: a live worker in a training run receives 1,200
+bad frames (one kind a NaN in an otherwise valid update); every one is dropped and counted under
+its reason, and the run still trains."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def _update(run: str, src: int, tensors=LAYOUT, sizes=(64 * 10 * 4, 10 * 4)) -> 
     return [msgpack.packb(header), *(np.zeros(n, np.uint8).tobytes() for n in sizes)]
 
 
+def _nan_update(run: str, src: int) -> list[bytes]:
+    header = {"v": 1, "run": run, "src": src, "iter": 3, "kind": "update", "tensors": LAYOUT}
+    w = np.zeros((64, 10), np.float32)
+    w[5, 5] = np.nan
+    return [msgpack.packb(header), w.tobytes(), np.zeros(10, np.float32).tobytes()]
+
+
 def test_thousand_bad_frames_are_counted_and_training_finishes(redis_url, tmp_path):
     flags = ["-n", "8", "--topology", "ring-based", "--iterations", "300", "--iter-time", "0.01"]
     args, run = train_args(redis_url, tmp_path / "run", *flags)
@@ -39,6 +47,7 @@ def test_thousand_bad_frames_are_counted_and_training_finishes(redis_url, tmp_pa
         "wrong_length": _update(run, 1, sizes=(64 * 10 * 4 - 4, 10 * 4)),
         "garbage": [b"\xc1 not msgpack", b"x"],
         "not_neighbour": _update(run, 2),  # worker 0 receives from 1, 4 and 7 only
+        "non_finite": _nan_update(run, 1),  # a valid update from a neighbour, but NaN
     }
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)

@@ -86,3 +86,36 @@ def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path):
     assert not s["finished"] and "did not come back" in s["failure"]
     assert s["iterations"]["max"] >= 30
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 30
+
+
+@pytest.mark.parametrize("mode", ["standard", "backup"])
+def test_a_redis_restored_from_a_stale_snapshot_is_ridden_out(broker, tmp_path, mode):
+    """Fault ``stale_snapshot``: a stock redis-server saves snapshots and loads the last one
+    when it starts. Saved at iteration 50 and killed near 150, it comes back holding every
+    counter, token queue and heartbeat 100 iterations old. The workers notice another broker
+    instance (Redis's run id), trust nobody's state until its owner has put it back, and the
+    run completes with every check at 0."""
+    flags = ["-n", "4", "--iterations", "300", "--iter-time", "0.02", "--timeout", "20"]
+    flags += ["--heartbeat", "3", "--eval-every", "0", "--mode", mode]
+    args, run = train_args(broker.url, tmp_path / "run", *flags)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen(args, **popen, env=clean_env())
+    keys = RunKeys(run)
+    with redis.Redis.from_url(broker.url) as client:
+        wait_iteration(client, keys, 0, 50)
+        client.save()  # what a stock server does on its own, every few minutes
+        wait_iteration(client, keys, 0, 150)
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait()
+    broker.restart()  # loads dump.rdb: the run as it was at iteration 50
+    with redis.Redis.from_url(broker.url) as client:
+        assert client.exists(keys.meta), "the snapshot was loaded"
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["violations"] == 0
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    assert s["lost_workers"] == []  # nobody was taken for dead at a stale iteration
+    assert all(w["iterations"] == 300 for w in s["per_worker"])
+    assert sum(w.get("broker_restores", 0) for w in s["per_worker"]) == 4
+    assert not processes_mentioning(run)

@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+import redis
 
 from hopbus.coord.control import Heartbeat, RunControl
 from hopbus.coord.keys import RunKeys
@@ -157,3 +158,43 @@ def test_without_its_counter_a_heartbeat_judges_nothing(redis_client, run):
     hb = Heartbeat(zero, 1.0)
     hb.beat()
     assert not hb.declared_dead and redis_client.exists(keys.hb(0))
+
+
+# -- the Advance's pinned connection (coord.client.PinnedScript) -----------------------------------
+def _advance_once(control: RunControl, k: int) -> None:
+    owner, dead = control.try_advance(k, k + 1, {}, [], {"loss": 1.0})
+    assert owner is None and dead == set()
+
+
+@pytest.fixture
+def alone(redis_client) -> tuple[RunKeys, RunControl]:
+    """Worker 0 of a fresh one-worker run: every Advance goes through at once."""
+    keys = RunKeys(f"pin{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    control = RunControl(redis_client, keys, 0)
+    control.start(put_to=[], count=0, at=0)
+    return keys, control
+
+
+def test_the_advance_survives_redis_forgetting_its_script(redis_client, alone):
+    keys, control = alone
+    _advance_once(control, 0)  # loads the script and pins a connection
+    redis_client.script_flush()  # as after a restart: EVALSHA now meets NOSCRIPT
+    _advance_once(control, 1)
+    _advance_once(control, 2)
+    assert redis_client.get(keys.iter(0)) == b"3"
+
+
+def test_a_killed_advance_connection_fails_once_then_reconnects(redis_client, alone):
+    keys, control = alone
+    _advance_once(control, 0)
+    name = f"pinned-{uuid.uuid4().hex[:8]}"
+    control._advance._conn.send_command("CLIENT", "SETNAME", name)
+    assert control._advance._conn.read_response() == b"OK"
+    victims = [c["id"] for c in redis_client.client_list() if c.get("name") == name]
+    assert len(victims) == 1
+    redis_client.client_kill_filter(_id=victims[0])
+    with pytest.raises(redis.ConnectionError):  # said, not retried blindly: the caller checks
+        _advance_once(control, 1)
+    assert redis_client.get(keys.iter(0)) == b"1"  # that Advance did not go through
+    _advance_once(control, 1)  # the next call connects again
+    assert redis_client.get(keys.iter(0)) == b"2"

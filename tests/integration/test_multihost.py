@@ -4,6 +4,11 @@ with its own address on one bridge, so nothing can work through 127.0.0.1 by acc
 The run is recorded with ``hopbus create`` from the host; each worker is ``hopbus worker`` in its
 namespace, joining by the run's INCR counter, binding and advertising its namespace's address.
 Needs root (CAP_NET_ADMIN) and ``ip netns``; skipped, saying why, where they cannot be made.
+
+A host where dockerd runs has its iptables FORWARD policy at DROP, and with
+``net.bridge.bridge-nf-call-iptables = 1`` that filter sees frames between two ports of any
+bridge: the fixture lets its own bridge forward (one rule, removed afterwards), as a host
+with Docker must for any bridge of its own (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ class Hosts:
         return subprocess.Popen(["ip", "netns", "exec", self.namespaces[i], *cmd], **kw)
 
 
+def _forward_rule(bridge: str) -> list[str] | None:
+    """The iptables rule that lets ``bridge`` forward between its own ports, or None where
+    there is no iptables (then nothing filters bridged frames that it could open)."""
+    if shutil.which("iptables") is None:
+        return None
+    return ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+
+
+def _iptables(action: str, rule: list[str]) -> None:
+    subprocess.run(
+        ["iptables", "-w", action, *rule], check=True, capture_output=True, text=True, timeout=30
+    )
+
+
 def _cannot_make_namespaces() -> str | None:
     if shutil.which("ip") is None:
         return "no `ip` command (iproute2)"
@@ -68,7 +87,12 @@ def hosts() -> Iterator[Hosts]:
     tag = f"{os.getpid() % 100000}"
     net = f"10.{70 + os.getpid() % 50}.{os.getpid() % 250}"
     h = Hosts(f"hb{tag}", [], [], f"{net}.254")
+    rule = _forward_rule(h.bridge)
+    opened = False
     try:
+        if rule is not None:  # a Docker host's FORWARD policy is DROP (module docstring)
+            _iptables("-I", rule)
+            opened = True
         _ip("link", "add", h.bridge, "type", "bridge")
         _ip("addr", "add", f"{h.gateway}/24", "dev", h.bridge)
         _ip("link", "set", h.bridge, "up")
@@ -92,6 +116,8 @@ def hosts() -> Iterator[Hosts]:
             subprocess.run(["ip", "link", "del", f"hv{tag}x{i}"], capture_output=True, check=False)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", h.bridge], capture_output=True, check=False)
+        if opened:
+            subprocess.run(["iptables", "-w", "-D", *rule], capture_output=True, check=False)
 
 
 def _redis_server() -> str:

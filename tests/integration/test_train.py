@@ -84,7 +84,7 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     wait_for(lambda: client.xlen(keys.progress) > 20, 60, "training to start")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, repr(err)
     assert err.decode().strip().splitlines()[-1] == "hopbus: interrupted"
     assert not processes_mentioning(run)
     assert client.hget(keys.meta, "status") == b"stopped"

@@ -110,7 +110,7 @@ def test_a_slow_link_holds_its_messages_and_keeps_their_order(ctx):
     # emulated link latency: worker 1's messages are held 1 s, worker 2's go straight through
     got = Stamped()
     inbox, _ = inbox_for(ctx, 3, update_from=[1, 2], collector=got,
-                         delay=lambda src: 1.0 if src == 1 else 0.0)  # fmt: skip
+                         delay=lambda msg: 1.0 if msg.src == 1 else 0.0)  # fmt: skip
     slow = Outbox(ctx, {3: inbox.endpoint}, hwm=10, send_timeout_s=5)
     fast = Outbox(ctx, {3: inbox.endpoint}, hwm=10, send_timeout_s=5)
     try:
@@ -212,6 +212,46 @@ def test_bad_frames_are_counted_and_never_cost_a_valid_update(ctx):
     finally:
         hostile.close(linger=0)
         inbox.close()
+
+
+def test_an_inline_inbox_receives_checks_and_delivers_on_the_callers_thread(ctx):
+    # the small-model path (Node._open): no receiver thread, the owner pumps while it waits
+    rng = random.Random(11)
+    got = Stamped()
+    v = Validator(RUN, N, [1], [], LAYOUT, max_iteration=10_000)
+    inbox = Inbox(ctx, LOCAL, v, got, hwm=1000, inline=True)
+    inbox.start()
+    assert not inbox.running  # nothing was started
+    mix = [_bad(BAD_KINDS[i % len(BAD_KINDS)], rng) for i in range(300)]
+    mix += [(None, encode_update(RUN, 1, k, snapshot(k))) for k in range(50)]
+    rng.shuffle(mix)
+    expected = dict.fromkeys(DROP_REASONS, 0)
+    for reason, _ in mix:
+        if reason is not None:
+            expected[reason] += 1
+    hostile = ctx.socket(zmq.PUSH)
+    hostile.connect(inbox.endpoint)
+    try:
+        for _, frames in mix:
+            hostile.send_multipart(frames, copy=False)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got.messages) < 50 or sum(inbox.drops().values()) < 300:
+            assert time.monotonic() < deadline, "the pumped inbox did not take every frame"
+            inbox.pump(0.1)
+        assert inbox.drops() == expected
+        assert sorted(m.iteration for m in got.messages) == list(range(50))
+        for m in got.messages:
+            np.testing.assert_array_equal(m.payload["w"], snapshot(m.iteration)["w"])
+        assert got.threads == {threading.get_ident()}  # delivered here, by pump
+    finally:
+        hostile.close(linger=0)
+        inbox.close()
+
+
+def test_an_inline_inbox_refuses_a_held_link_or_curve(ctx):
+    v = Validator(RUN, N, [1], [], LAYOUT, max_iteration=10_000)
+    with pytest.raises(ValueError, match="inline"):
+        Inbox(ctx, LOCAL, v, Collector(), hwm=10, delay=lambda msg: 1.0, inline=True)
 
 
 def test_a_frame_beyond_maxmsgsize_never_reaches_the_callback(ctx):

@@ -173,3 +173,24 @@ def test_a_trainer_resumed_from_a_checkpoint_continues_exactly(tmp_path):
         step(b, k)
     for name in a.params:
         np.testing.assert_array_equal(a.params[name], b.params[name])
+
+
+def test_a_malformed_minibatch_position_is_one_line(tmp_path):
+    """A checkpoint whose order is not a permutation of the shard, or whose position is not a
+    number: one CheckpointError line, never an IndexError."""
+    import numpy as np
+
+    from hopbus.config import TrainConfig, make_config
+    from hopbus.heterogeneity import Heterogeneity
+
+    cfg = make_config({"workers": 2, "iterations": 10}, cls=TrainConfig)
+    trainer = Trainer(cfg, 0, Heterogeneity.from_spec("none", 2, 0))
+    state = trainer.state()
+    for order, stream in (
+        (np.arange(len(state.order)) + 10_000, state.stream),  # rows that do not exist
+        (state.order, {**state.stream, "pos": "abc"}),
+        (state.order, {**state.stream, "rng": {"state": "x"}}),
+    ):
+        bad = WorkerState(state.params, state.optimizer, order, stream)
+        with pytest.raises(CheckpointError, match="minibatch position"):
+            trainer.load_state(bad)

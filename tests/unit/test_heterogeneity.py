@@ -1,15 +1,21 @@
 """The slowdown grammar and its deterministic draws."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopbus.errors import ConfigError, SlowdownSpecError
 from hopbus.heterogeneity import (
+    BANDWIDTH_UNITS,
     FixedSlowdown,
     Heterogeneity,
     LinkDelay,
     MachineLinks,
     RandomSlowdown,
+    SlowdownScope,
+    message_delay,
     parse,
+    parse_size,
 )
 from hopbus.modes import Mode
 from hopbus.topology import Topology
@@ -133,3 +139,89 @@ def test_link_delays_are_refused_where_hopbus_cannot_apply_them(mode):
             Mode(ok)
         )
     Heterogeneity.from_spec("fixed:4@0", 8).check_mode(Mode(mode))  # compute slowdowns apply
+
+
+# -- bandwidths, message sizes and the slowdown scope (issue 18) ---------------------------------
+
+
+def test_links_take_a_bandwidth_and_charge_by_the_byte():
+    assert parse("link:5/1Gbit@0-1") == (LinkDelay(0.005, 0, 1, 8e-9),)
+    assert parse("link:0/125MB@0-1") == (LinkDelay(0.0, 0, 1, 8e-9),)  # 1 Gbit/s in bytes
+    assert parse("machines:2,2@1/100Mbit") == (MachineLinks((2, 2), 0.001, 8e-8),)
+    h = Heterogeneity.from_spec("link:2/1Mbit@0-1+link:1/1MB@0-1", n=3)  # two links add up
+    assert h.charges_bytes and h.has_link_delays
+    assert h.link_delay(1, 0, 1000) == pytest.approx(0.003 + 1000 * (8e-6 + 1e-6))
+    assert h.link_delay(0, 2, 1000) == 0.0
+    assert not Heterogeneity.from_spec("link:5@0-1", n=2).charges_bytes
+
+
+def test_a_machines_uplink_is_shared_by_the_bytes_of_its_edges():
+    # ring-based on 8 over 4,2,2: machine 0 has 6 edges out, machine 1 four (test above)
+    rb = Heterogeneity.from_spec("machines:4,2,2@1/8Mbit", n=8).bind(ring_based(8), "ring-based")
+    one_mb = 1_000_000
+    assert rb.link_delay(0, 4, one_mb) == pytest.approx(6 * (0.001 + 1.0))
+    assert rb.link_delay(4, 0, one_mb) == pytest.approx(4 * (0.001 + 1.0))
+    assert rb.link_delay(0, 1, one_mb) == 0.0  # inside a machine
+    bandwidth_only = Heterogeneity.from_spec("machines:4,4@0/1Gbit", n=8)
+    assert bandwidth_only.has_link_delays and bandwidth_only.charges_bytes
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("link:5/1gbit@0-1", "bandwidth '1gbit'"),
+        ("link:5/@0-1", "bandwidth ''"),
+        ("link:5/0Gbit@0-1", "must be above 0"),
+        ("link:5/Gbit@0-1", "bandwidth 'Gbit'"),
+        ("link:5/1Gbps@0-1", "bandwidth '1Gbps'"),
+        ("machines:4,4@1/10kb", "bandwidth '10kb'"),
+        ("machines:4,4@1/", "bandwidth ''"),
+        ("link:/1Gbit@0-1", "cannot read"),
+    ],
+)
+def test_bad_bandwidths_are_one_line(bad, why):
+    with pytest.raises(SlowdownSpecError, match="bad --slowdown") as err:
+        parse(bad)
+    assert why in str(err.value) and "\n" not in str(err.value)
+
+
+@given(
+    st.floats(0.001, 1e6, allow_nan=False),
+    st.sampled_from(sorted(BANDWIDTH_UNITS)),
+    st.integers(0, 10**9),
+)
+def test_bytes_over_bandwidth_in_any_unit(rate, unit, nbytes):
+    (link,) = parse(f"link:0/{rate!r}{unit}@0-1")
+    h = Heterogeneity((link,), n=2)
+    assert h.link_delay(0, 1, nbytes) == pytest.approx(nbytes / (rate * BANDWIDTH_UNITS[unit]))
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [(0, 0), (2600, 2600), ("2600", 2600), ("36.9MB", 36_900_000), ("1KiB", 1024),
+     ("2GB", 2 * 10**9), (1.5e3, 1500), ("1.5kB", 1500)],
+)  # fmt: skip
+def test_message_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "3q", "1mb", "-1", "1e99", "nan", True])
+def test_bad_message_sizes(bad):
+    with pytest.raises(ValueError, match="expected"):
+        parse_size(bad)
+
+
+def test_iteration_scope_stretches_a_slowed_senders_messages():
+    h = Heterogeneity.from_spec("fixed:6@0+link:10/1MB@0-1+link:10@1-2", n=3)
+    # compute scope: the message takes its link's time whoever sends it
+    assert message_delay(h, 0, 1, 5, 1000, base=0.05) == pytest.approx(0.05 + 0.01 + 0.001)
+    # iteration scope: all of it (the simulator's latency included) times the sender's factor
+    wide = message_delay(h, 0, 1, 5, 1000, scope=SlowdownScope.ITERATION, base=0.05)
+    assert wide == pytest.approx(6 * (0.05 + 0.01 + 0.001))
+    assert message_delay(h, 1, 0, 5, 1000, scope=SlowdownScope.ITERATION) == pytest.approx(0.011)
+    assert message_delay(h, 1, 2, 5, 1000, scope=SlowdownScope.ITERATION) == pytest.approx(0.01)
+    assert message_delay(h, 0, 2, 5, scope=SlowdownScope.ITERATION) == 0.0  # no link, no base
+    r = Heterogeneity.from_spec("random:4:0.5+link:0/1MB@0-1", n=2, seed=1)
+    for k in range(50):  # the factor of the message's own iteration, drawn as for its Compute
+        d = message_delay(r, 0, 1, k, 10**6, scope=SlowdownScope.ITERATION)
+        assert d == pytest.approx(r.factor(0, k))

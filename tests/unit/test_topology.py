@@ -6,6 +6,9 @@ import networkx as nx
 import numpy as np
 import pytest
 from helpers import topology_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import graphs
 
 from hopbus.errors import TopologyError
 from hopbus.modes import Mode
@@ -13,10 +16,13 @@ from hopbus.topology import (
     GapSetting,
     NotDoublyStochasticWarning,
     Topology,
+    analysis,
     build,
     from_edge_lines,
     token_queue_capacity,
 )
+from hopbus.topology.bounds import report_settings
+from hopbus.topology.graphs import MAX_WORKERS
 
 
 def peers(g: nx.DiGraph, i: int) -> set[int]:
@@ -185,3 +191,65 @@ def test_large_graph_distances_are_correct():
     sample = np.random.default_rng(0).integers(0, 200, size=(50, 2))
     for i, j in sample:
         assert d[i, j] == ref[i][j]
+
+
+# -- Table 1 without n x n matrices (issue 18) -----------------------------------------------------
+
+
+def table1_of_matrix(t: Topology, s: GapSetting) -> dict:
+    """Table 1's columns as the largest entries of the n x n bound matrix (the definition)."""
+    b, d = t.bounds(s), t.distances
+    off = ~np.eye(t.n, dtype=bool)
+    edge = (d == 1) & off
+
+    def top(values: np.ndarray):
+        x = float(values.max())
+        return None if math.isinf(x) else int(x)
+
+    return {
+        "in_neighbour": top(b[edge.T]),
+        "out_neighbour": top(b[edge]),
+        "adjacent": top(b[edge | edge.T]),
+        "any_pair": top(b[off]),
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(graphs(), st.sampled_from(report_settings(2, 3) + report_settings(0, 1)))
+def test_table1_from_path_facts_equals_the_bound_matrix(topo, setting):
+    assert topo.table1(setting) == table1_of_matrix(topo, setting)
+    b = topo.bounds(setting)
+    for i, j in topo.graph.edges:
+        if i != j:
+            assert topo.neighbour_bound(i, j, setting) == b[i, j]
+            assert topo.neighbour_bound(j, i, setting) == b[j, i]
+    assert topo.diameter == int(topo.distances.max())
+    assert topo.doubly_stochastic == analysis.is_doubly_stochastic(topo.weights)
+
+
+@pytest.mark.parametrize(("name", "n"), [("ring-based", 9), ("double-ring", 14), ("complete", 5)])
+def test_path_facts_of_the_named_graphs(name, n):
+    t = Topology.named(name, n)
+    for s in report_settings(5, 4):
+        assert t.table1(s) == table1_of_matrix(t, s)
+
+
+def test_ten_thousand_workers_without_a_matrix():
+    t = Topology.named("ring-based", 10_001)  # odd: one-way edges to the antipodes
+    assert t.diameter == 2501 and t.paths.max_return == 2
+    assert t.table1(GapSetting(Mode.STANDARD)) == {
+        "in_neighbour": 1,
+        "out_neighbour": 2,
+        "adjacent": 2,
+        "any_pair": 2501,
+    }
+    assert "distances" not in t.__dict__ and "weights" not in t.__dict__  # never built
+
+
+def test_limits_on_workers_and_edges():
+    with pytest.raises(TopologyError, match=f"more than hopbus handles \\({MAX_WORKERS}\\)"):
+        build("ring", MAX_WORKERS + 1)
+    with pytest.raises(TopologyError, match="edges, more than hopbus handles"):
+        build("complete", 2001)
+    with pytest.raises(TopologyError, match="edges, more than hopbus handles"):
+        build("hierarchical:1500,1500", None)

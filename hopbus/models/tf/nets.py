@@ -50,6 +50,12 @@ def _layers(keras: Any, name: str, n_classes: int) -> list[Any]:
     return layers
 
 
+def network(keras: Any, name: str, shape: tuple[int, ...], n_classes: int) -> Any:
+    """The Keras network ``name`` (cnn, vgg11) for images of ``shape``, not compiled: what the
+    built-in models train, and what benchmarks/keras_overhead.py fits."""
+    return keras.Sequential([keras.Input(shape), *_layers(keras, name, n_classes)], name=name)
+
+
 class KerasModel:
     """A Keras network as a Model: the protocol's pure functions over the network's variables
     (``loss_and_grad`` assigns the params to them, then differentiates with a GradientTape)."""
@@ -76,9 +82,7 @@ class KerasModel:
             return
         tf, self.device = import_tf(self.requested_device, f"--model {self.name}")
         keras = tf.keras
-        net = keras.Sequential(
-            [keras.Input(self.shape), *_layers(keras, self.name, self.n_classes)], name=self.name
-        )
+        net = network(keras, self.name, self.shape, self.n_classes)
         self._variables = [v for layer in net.layers for v in layer.trainable_weights]
         self._names = [
             f"{layer.name}/{v.name.rpartition('/')[2]}"

@@ -30,8 +30,9 @@ def import_tf(device: str, feature: str) -> tuple[ModuleType, str]:
     else imported TensorFlow first. It can be set once per process, before any op runs: a
     worker is one process with one device.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ banners (CUDA, oneDNN, XLA)
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # its "results may differ" notice
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ banners (CUDA, XLA)
+    # oneDNN stays on: turning it off (TF_ENABLE_ONEDNN_OPTS=0) silences one start-up notice
+    # but makes VGG-11's CPU step 5x slower (0.69 s against 0.14 s per batch of 32 here)
     tf = load("tensorflow", feature=feature, package="TensorFlow", extra="tf")
     tf.get_logger().setLevel(logging.ERROR)  # Python-side warnings (retracing, deprecations)
     logging.getLogger("absl").setLevel(logging.ERROR)

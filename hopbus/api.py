@@ -1,0 +1,364 @@
+"""hopbus as a library: any training loop joins a Hop run (numpy arrays in, numpy arrays out).
+
+::
+
+    import hopbus
+
+    with hopbus.join() as ctx:            # the run hopbus launch / hopbus worker started
+        x, y = ctx.shard(x_all, y_all)     # this worker's share of the data
+        params = ctx.start(params)         # everyone starts from worker 0's parameters
+        while (params := ctx.begin()) is not None:
+            new = my_step(params, x, y)    # any optimizer, any framework: new arrays
+            ctx.end(new, loss=loss)        # Recv, Reduce, Apply, tokens, jumps: Hop's rules
+        ctx.finish(loss=test_loss, accuracy=test_accuracy)
+
+``begin`` returns x_k after Send(x_k) has gone out (Hop's parallel order: neighbours receive it
+while you compute); ``end`` takes the parameters your step arrived at and returns x_{k+1} =
+Reduce(x_k, neighbours) + your step. Every mode's rules (token queues, backup workers,
+staleness, skipping, notify-ack) happen inside, by the same code as hopbus's own workers
+(hopbus/runtime/session.py). Keras users need none of this: ``hopbus.keras.HopCallback``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
+from hopbus.runtime import env
+
+LAUNCH_HINT = (
+    "start it with `hopbus launch -n 4 -- python SCRIPT` (a local run), or one copy with "
+    "`hopbus worker --run RUN --redis URL -- python SCRIPT`"
+)
+
+
+class NotLaunchedError(UserError):
+    """``hopbus.join()`` in a process that no hopbus run started."""
+
+
+def launched() -> bool:
+    """Whether this process was started as a worker of a run (``hopbus launch`` or
+    ``hopbus worker -- COMMAND``): a script can then train alone when it was not."""
+    return bool(os.environ.get(env.RUN))
+
+
+_HOOKED: list[bool] = []  # once the hook is installed
+
+
+def _show_user_errors() -> None:
+    """A hopbus error that escapes the script is one line, ``hopbus: error: ...``, as on the
+    command line, not a traceback (the exit status is Python's, 1). Other exceptions are left
+    to the hook that was there."""
+    if _HOOKED:
+        return
+    _HOOKED.append(True)
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, UserError):
+            from hopbus.coord.client import scrub
+
+            with contextlib.suppress(OSError):
+                print(f"hopbus: error: {scrub(str(exc))}", file=sys.stderr, flush=True)
+            return
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
+def _env_number(name: str, kind: type, value: Any) -> Any:
+    if value is not None:
+        return value
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r} is not a number") from None
+
+
+def join(
+    run: str | None = None,
+    redis: str | None = None,
+    id: int | None = None,
+    *,
+    bind: str | None = None,
+    advertise: str | None = None,
+    timeout: float | None = None,
+    curve: str | Path | None = None,
+    device: str | None = None,
+    tensorboard: str | Path | None = None,
+) -> Context:
+    """Join run ``run`` as worker ``id``: by default the run, Redis and id that ``hopbus
+    launch`` or ``hopbus worker -- COMMAND`` put in the environment (HOPBUS_RUN, HOPBUS_REDIS,
+    HOPBUS_ID; hopbus/runtime/env.py); without an id, the run's next free one. Connects and
+    reads the run's settings; ``Context.start`` then enters it. ``tensorboard``: the folder of
+    the run's TensorBoard scalars (hopbus launch sets it to the results folder's). Raises
+    ``NotLaunchedError`` outside a run, and a ``UserError`` (one line) for anything the run
+    refuses."""
+    from hopbus.coord.client import DEFAULT_URL, check_url
+    from hopbus.runtime.address import DEFAULT_BIND, resolve_advertise
+    from hopbus.runtime.join import worker_for
+    from hopbus.runtime.node import redis_failures
+
+    _show_user_errors()
+    run = run if run is not None else os.environ.get(env.RUN)
+    if not run:
+        raise NotLaunchedError(
+            f"hopbus.join(): this process is not a worker of a hopbus run; {LAUNCH_HINT}"
+        )
+    url = redis or os.environ.get(env.REDIS) or DEFAULT_URL
+    check_url(url)
+    worker = _env_number(env.ID, int, id)
+    if os.environ.get(env.RESUME_FROM) or os.environ.get(env.CHECKPOINT_DIR):
+        raise UserError(
+            "hopbus.join(): checkpoints and --resume belong to hopbus's own models; a script "
+            "saves its own state (for Keras: keras.callbacks.BackupAndRestore)"
+        )
+    kw = {
+        "bind": bind or os.environ.get(env.BIND) or DEFAULT_BIND,
+        "advertise": resolve_advertise(advertise or os.environ.get(env.ADVERTISE), url),
+        "timeout": _env_number(env.TIMEOUT, float, timeout),
+        "curve": Path(curve)
+        if curve
+        else (Path(os.environ[env.CURVE]) if os.environ.get(env.CURVE) else None),
+        "device": device or os.environ.get(env.DEVICE) or None,
+        "rejoin": env.flag(os.environ.get(env.REJOIN)),
+    }
+    node = worker_for(run, worker, url, script=True, **kw)
+    with redis_failures(node.who, run):
+        node._connect()
+    board = tensorboard or os.environ.get(env.TENSORBOARD)
+    ctx = Context(node, tensorboard=Path(board) if board else None)
+    atexit.register(ctx.close)
+    return ctx
+
+
+class Context:
+    """This process's place in a run: who it is, the run's settings, and the calls around each
+    local step (see the module docstring). Made by ``hopbus.join()``."""
+
+    def __init__(self, node: Any, *, tensorboard: Path | None = None, report: bool = True) -> None:
+        """``report``: tell the run (its events stream) about this worker's failure; off when
+        a caller does (``hopbus worker``)."""
+        from hopbus.runtime.session import Session
+
+        self.node = node
+        self._tensorboard = tensorboard
+        self._report = report
+        self._session_cls = Session
+        self.session: Any = None
+        self._as_list = False
+        self._reported = False
+        self._closed = False
+
+    # -- who and what ---------------------------------------------------------------------------
+    @property
+    def run(self) -> str:
+        """The run id."""
+        return str(self.node.keys.run)
+
+    @property
+    def worker(self) -> int:
+        """This worker's id, 0..workers-1."""
+        return int(self.node.worker)
+
+    @property
+    def workers(self) -> int:
+        """How many workers the run has."""
+        return int(self.node.topo.n)
+
+    @property
+    def iterations(self) -> int:
+        """Iterations per worker: the run ends when every worker has done them."""
+        return int(self.node.cfg.iterations)
+
+    @property
+    def config(self) -> Any:
+        """The run's settings (hopbus.config.TrainConfig: mode, backup, staleness, max_ig,
+        seed, iter_time, ...), as recorded by hopbus launch / hopbus create."""
+        return self.node.cfg
+
+    @property
+    def seed(self) -> int:
+        return int(self.node.cfg.seed)
+
+    @property
+    def iteration(self) -> int:
+        """The iteration of the step begun last (the one started in, before any)."""
+        return self.session.iteration if self.session is not None else int(self.node.start_at)
+
+    @property
+    def done(self) -> bool:
+        """Every iteration is done: stop training, then ``finish``."""
+        return self.session is not None and self.session.done
+
+    def shard(self, *arrays: Any) -> Any:
+        """This worker's rows of ``arrays`` (all of one length): the rule hopbus's own loaders
+        use (one permutation from the run's seed, cut into near-equal disjoint parts). One
+        array in, one out; several in, a tuple out."""
+        from hopbus.data import shard_rows
+
+        if not arrays:
+            raise UserError("ctx.shard(): give it the arrays to split")
+        lengths = {len(a) for a in arrays}
+        if len(lengths) != 1:
+            raise UserError(f"ctx.shard(): the arrays have different lengths {sorted(lengths)}")
+        rows = shard_rows(lengths.pop(), self.worker, self.workers, self.seed)
+        parts = tuple(a[rows] for a in arrays)
+        return parts[0] if len(parts) == 1 else parts
+
+    def epochs(self, samples: int, batch_size: int) -> int:
+        """Epochs over ``samples`` rows that cover the run's iterations, for ``model.fit``
+        (one batch per iteration; the callback stops fit once the run is done)."""
+        per_epoch = max(1, math.ceil(samples / max(1, batch_size)))
+        return max(1, math.ceil((self.iterations - self.iteration) / per_epoch))
+
+    # -- around each step -----------------------------------------------------------------------
+    def start(
+        self,
+        params: Mapping[str, Any] | Sequence[Any],
+        *,
+        device: str = "cpu",
+        evaluate: Callable[[Any], tuple[float, float]] | None = None,
+        overlap: bool | None = None,
+    ) -> Any:
+        """Enter the run with a model of these parameters (a dict of named arrays, or a list);
+        returns the parameters to start from, in the same form: worker 0's, so that every
+        worker starts alike. ``device`` is reported in progress entries; ``evaluate(params)``
+        -> (test loss, accuracy), if given, runs at every --eval-every boundary. ``overlap``:
+        receive and reduce in a thread while you compute (default: for models of 1 MiB or
+        more, where it pays for the thread's hand-off)."""
+        with self._guard():
+            if self.session is not None:
+                raise UserError("ctx.start() was already called")
+            self._as_list = not isinstance(params, Mapping)
+            named = self._named(params)
+            self.session = self._session_cls(
+                self.node,
+                device=device,
+                evaluate=None if evaluate is None else lambda x: evaluate(self._out(x)),
+                board=None
+                if self._tensorboard is None
+                else self._tensorboard / f"worker-{self.worker}",
+                overlap=overlap,
+            )
+            return self._out(self.session.start(named))
+
+    def begin(self) -> Any:
+        """Begin the next step: the parameters to compute from (read-only: make new arrays),
+        or None once the run's iterations are done."""
+        with self._guard():
+            return self._out(self._started().begin())
+
+    def end(
+        self,
+        params: Mapping[str, Any] | Sequence[Any] | None = None,
+        *,
+        loss: float | None = None,
+        owned: bool = False,
+        apply: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """End the step with the parameters your step arrived at (and its training loss);
+        returns the parameters to continue from. ``owned=True`` hands hopbus the arrays (fresh
+        ones you will not use again): it then builds the result in them, saving a copy.
+        ``apply`` instead of ``params``: for parameters that live in a framework's memory
+        (hopbus.keras does this); see Session.end."""
+        with self._guard():
+            named = None if params is None else self._named(params)
+            fn = None if apply is None else lambda part: self._named(apply(self._out(part)))
+            return self._out(self._started().end(named, loss=loss, owned=owned, apply=fn))
+
+    def log(self, **metrics: float | None) -> None:
+        """Metrics for the next progress entry: ``eval_loss`` and ``eval_accuracy`` (test-set
+        loss and accuracy: the run's --target-loss and final accuracy read them),
+        ``accuracy`` (training accuracy)."""
+        self._started().log(**metrics)
+
+    def finish(self, *, loss: float | None = None, accuracy: float | None = None) -> dict[str, Any]:
+        """Report this worker's final test loss and accuracy (default: the last logged) once
+        the run is done; its part of the run then ends."""
+        with self._guard():
+            return self._started().finish(loss, accuracy)
+
+    def close(self) -> None:
+        """Leave: sockets closed, heartbeat stopped (without finish, the run sees this worker
+        die). Safe to call twice; ``with hopbus.join() as ctx`` calls it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.session is not None:
+            self.session.close()
+        self.node.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc is None and self.session is not None and not self.session.finished:
+                if not self.session.done:
+                    with self._guard():
+                        raise RunFailure(
+                            f"worker {self.worker} left the run in iteration {self.iteration} "
+                            f"of {self.iterations}: its training loop ended before the run's "
+                            "iterations were done"
+                        )
+                self.finish()
+        finally:
+            self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _started(self) -> Any:
+        if self.session is None:
+            raise UserError("call ctx.start(params) first")
+        return self.session
+
+    def _named(self, params: Mapping[str, Any] | Sequence[Any]) -> dict[str, np.ndarray]:
+        if isinstance(params, Mapping):
+            return {str(k): np.asarray(v) for k, v in params.items()}
+        if isinstance(params, np.ndarray) or not isinstance(params, Sequence):
+            raise UserError(
+                f"parameters must be a dict of named arrays or a list of arrays, not a "
+                f"{type(params).__name__}"
+            )
+        return {str(i): np.asarray(v) for i, v in enumerate(params)}
+
+    def _out(self, x: dict[str, np.ndarray] | None) -> Any:
+        if x is None or not self._as_list:
+            return x
+        return [x[str(i)] for i in range(len(x))]
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Redis errors as one line; a failure of this worker told to the run once (not one
+        caused by the run stopping, nor a replacement's or a dead worker's own)."""
+        from hopbus.runtime.node import redis_failures
+        from hopbus.runtime.worker import report_failure
+
+        try:
+            with redis_failures(self.node.who, self.run):
+                yield
+        except UserError as exc:
+            quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
+            quiet = quiet or not self.node.admitted  # refused: it writes nothing into the run
+            if self._report and not self._reported and not quiet:
+                self._reported = True
+                report_failure(self.node.redis_url, self.run, self.worker, str(exc))
+            raise
+
+
+__all__ = ["LAUNCH_HINT", "Context", "NotLaunchedError", "join", "launched"]

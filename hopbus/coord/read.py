@@ -1,0 +1,129 @@
+"""Values read from Redis, validated where they are read.
+
+Anything that can write a run's keys (a bug, a second process started by mistake, a stale
+snapshot, a person with redis-cli) can put anything there. Every reader of the run's keys
+(``hopbus train``'s follower, ``watch``, ``top``, ``inspect``, the workers) goes through these
+parsers: a value that does not parse, or is out of range, comes back as None (or is left out)
+and is counted by the caller, never a traceback. A worker's final report counts only if it agrees
+with the worker's own counter and incarnation (``result``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
+
+
+def text(value: Any, limit: int = 2000) -> str | None:
+    """bytes or str as str (undecodable bytes replaced), at most ``limit`` characters."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= limit else value[:limit] + "..."
+
+
+def integer(value: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
+    """A base-10 integer in [lo, hi], or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if lo <= value <= hi else None
+    s = text(value, 40)
+    if s is None:
+        return None
+    s = s.strip()
+    if not s or not (s.isdigit() or (s[0] == "-" and s[1:].isdigit())):
+        return None
+    n = int(s)
+    return n if lo <= n <= hi else None
+
+
+def number(value: Any) -> float | None:
+    """A float (NaN and infinity allowed: a diverged loss is a fact to report), or None."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    s = text(value, 60)
+    if s is None:
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite float, or None."""
+    x = number(value)
+    return x if x is not None and math.isfinite(x) else None
+
+
+def ids(values: Iterable[Any], n: int) -> set[int]:
+    """The members that are node ids 0..n-1 (a set's or a hash's keys); others left out."""
+    out = set()
+    for v in values:
+        i = integer(v, 0, n - 1)
+        if i is not None:
+            out.add(i)
+    return out
+
+
+def json_object(raw: Any, limit: int = 1 << 20) -> dict[str, Any] | None:
+    """A JSON object (a dict), or None for anything else, however malformed."""
+    s = text(raw, limit)
+    if s is None or len(s) >= limit:
+        return None
+    try:
+        obj = json.loads(s)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def int_list(raw: Any, n: int) -> list[int] | None:
+    """A JSON list of node ids 0..n-1 (a progress entry's ``blocked_on``), or None."""
+    s = text(raw, 10_000)
+    if s is None:
+        return None
+    try:
+        got = json.loads(s)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(got, list) or not all(integer(x, 0, n - 1) is not None for x in got):
+        return None
+    return [int(x) for x in got]
+
+
+def result(raw: Any, *, counter: Any, incarnation: Any, iterations: int) -> dict[str, Any] | None:
+    """A worker's final report, if it is one: a JSON object whose ``iterations`` is the run's
+    (every worker finishes there), equal to the worker's counter in Redis, from the worker's
+    current incarnation (none recorded: the process that started with the run). Anything else
+    (forged, left by a replaced process, half-written) is None."""
+    obj = json_object(raw)
+    if obj is None:
+        return None
+    done = integer(obj.get("iterations"))
+    if done is None or done != iterations or integer(counter) != done:
+        return None
+    if integer(obj.get("incarnation", 0)) != (integer(incarnation) or 0):
+        return None
+    for key in ("final_loss", "final_accuracy"):
+        value = obj.get(key)
+        if value is not None and number(value) is None:
+            return None
+    return obj
+
+
+__all__ = [
+    "MAX_INT",
+    "finite_number",
+    "ids",
+    "int_list",
+    "integer",
+    "json_object",
+    "number",
+    "result",
+    "text",
+]

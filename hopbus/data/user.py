@@ -1,0 +1,77 @@
+"""``--data MODULE:FUNCTION``: a user's own arrays as a Dataset.
+
+The function takes no arguments and returns ``(x_train, y_train, x_test, y_test)``: features of
+any shape (one row per sample along the first axis: flat vectors, images ...), and labels as
+integers 0..C-1 (classification, what hopbus's own models and the accuracy need) or floats (a
+Keras model with a loss of its own). Features become float32; anything else that cannot be
+trained on is one DataError line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hopbus.data.dataset import DataError, Dataset, check_dense_size
+from hopbus.models.custom import call_user, load_callable
+
+
+def _array(value: object, what: str, spec: str) -> np.ndarray:
+    try:
+        a = np.asarray(value)
+    except Exception as exc:  # e.g. ragged lists
+        raise DataError(f"--data {spec!r}: {what} is not an array ({type(exc).__name__})") from None
+    if a.dtype.kind not in "biuf":
+        raise DataError(f"--data {spec!r}: {what} holds {a.dtype}, not numbers")
+    return a
+
+
+def load_user_data(spec: str) -> Dataset:
+    """The arrays ``spec``'s function returns, checked."""
+    fn = load_callable(spec, "--data")
+    got = call_user(fn, spec, "--data")
+    if not isinstance(got, tuple | list) or len(got) != 4:
+        raise DataError(
+            f"--data {spec!r} returned a {type(got).__name__}: expected (x_train, y_train, "
+            "x_test, y_test)"
+        )
+    names = ("x_train", "y_train", "x_test", "y_test")
+    x_train, y_train, x_test, y_test = (_array(v, n, spec) for v, n in zip(got, names, strict=True))
+    for x, y, xn, yn in (
+        (x_train, y_train, "x_train", "y_train"),
+        (x_test, y_test, "x_test", "y_test"),
+    ):
+        if x.ndim < 2:
+            raise DataError(
+                f"--data {spec!r}: {xn} needs one row per sample (shape {list(x.shape)})"
+            )
+        if len(x) != len(y) or len(x) == 0:
+            raise DataError(
+                f"--data {spec!r}: {xn} has {len(x)} rows and {yn} {len(y)}: they need the "
+                "same number, and more than 0"
+            )
+        check_dense_size(f"--data {spec!r}: {xn}", len(x), int(np.prod(x.shape[1:])))
+        for a, n in ((x, xn), (y, yn)):
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                row = int(np.argwhere(~np.isfinite(a.reshape(len(a), -1)))[0][0])
+                raise DataError(f"--data {spec!r}: {n} row {row} holds a value that is not finite")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DataError(
+            f"--data {spec!r}: x_train rows are {list(x_train.shape[1:])}, x_test rows "
+            f"{list(x_test.shape[1:])}"
+        )
+    ints = y_train.dtype.kind in "biu" and y_test.dtype.kind in "biu"
+    if ints:
+        low = min(int(y_train.min()), int(y_test.min()))
+        if low < 0:
+            raise DataError(f"--data {spec!r}: integer labels must be 0..C-1, found {low}")
+        n_classes = max(int(y_train.max()), int(y_test.max())) + 1
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    else:
+        n_classes = 0  # not a classification: hopbus's own models and accuracies do not apply
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    return Dataset(
+        spec, x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test, n_classes
+    )
+
+
+__all__ = ["load_user_data"]

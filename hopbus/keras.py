@@ -1,0 +1,210 @@
+"""Any compiled Keras model as a Hop worker: ``model.fit(..., callbacks=[HopCallback(ctx)])``.
+
+Hop's parallel order maps onto one batch (one Keras train step) as the session prescribes
+(hopbus/runtime/session.py):
+
+* batch begin: ``ctx.begin()``: the snapshot x_k (the model's weights now) goes out to the
+  out-neighbours while Keras computes;
+* Keras computes the gradient and applies its own optimizer's step (SGD, Adam, ...: its slots
+  stay local, as in the paper's TensorFlow prototype);
+* batch end: ``ctx.end(weights)``: receive, reduce, and set the weights to
+  Reduce(x_k, neighbours) + Keras's step, then take the tokens into the next iteration.
+
+Every floating-point weight of the model travels and is averaged, the non-trainable ones too
+(BatchNorm's moving mean and variance); integer state (a Dropout layer's seed generator) stays
+local. At ``on_train_begin`` every worker takes worker 0's initial weights, whatever seed the
+script built its model with, and fit stops once the run's iterations are done. Keras's logs
+become the run's progress: the batch ``loss`` (Keras's running mean over the epoch), training
+``accuracy``, and ``val_loss``/``val_accuracy`` after each validation, which also give the
+summary's final loss and accuracy.
+
+Modes other than Hop's (ps-*, wagma, allreduce) exchange gradients or group sums, not a model's
+parameters: ``hopbus.join()`` refuses them with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+
+from hopbus.api import Context, join
+from hopbus.errors import RunFailure
+from hopbus.runtime.session import ALIGN
+
+
+def _accuracy_key(logs: dict[str, Any], prefix: str = "") -> str | None:
+    """The accuracy among Keras's logs: ``accuracy``, else the first name with ``acc``."""
+    names = [k for k in logs if k.startswith(prefix) and (prefix or not k.startswith("val_"))]
+    if f"{prefix}accuracy" in names:
+        return f"{prefix}accuracy"
+    return next((k for k in names if "acc" in k[len(prefix) :]), None)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def shared_weights(model: Any) -> tuple[list[Any], list[str]]:
+    """The model's floating-point weights (trainable or not) and a unique name for each."""
+    variables = [v for v in model.weights if np.dtype(str(v.dtype)).kind == "f"]
+    names: list[str] = []
+    seen: dict[str, int] = {}
+    for v in variables:
+        name = str(getattr(v, "path", None) or v.name)
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}#{seen[name]}"
+        else:
+            seen[name] = 0
+        names.append(name)
+    return variables, names
+
+
+def keras_device() -> str:
+    """Where Keras computes: the device hopbus chose (``--device``), else the first GPU
+    TensorFlow sees, else the CPU."""
+    from hopbus.models.tf.runtime import _chosen
+
+    if _chosen:
+        return next(iter(_chosen.values()))
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and tf.config.list_logical_devices("GPU"):
+        return "gpu:0"
+    return "cpu"
+
+
+def _tensor(a: np.ndarray) -> Any:
+    """``a`` for TensorFlow without a copy where it can be (a contiguous array on an ``ALIGN``
+    boundary, the session's own scratch arrays, shared through DLPack); else ``a`` itself,
+    which TensorFlow copies."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and a.size and a.flags.c_contiguous and a.ctypes.data % ALIGN == 0:
+        with contextlib.suppress(Exception):  # an old TensorFlow without DLPack: copy
+            return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+    return a
+
+
+def _snapshot(variable: Any) -> np.ndarray:
+    """A read-only view of ``variable``'s current value: without a copy for TensorFlow's
+    variables (their ``read_value``), a copy for any other backend's."""
+    raw = getattr(variable, "value", variable)
+    read = getattr(raw, "read_value", None)
+    a = np.asarray(read()) if read is not None else np.array(keras.ops.convert_to_numpy(variable))
+    a.flags.writeable = False
+    return a
+
+
+class HopCallback(keras.callbacks.Callback):
+    """Makes ``model.fit`` a worker of the run ``ctx`` joined (default: ``hopbus.join()`` at
+    the start of fit). ``finish``: report the final test loss and accuracy when fit ends (the
+    last validation's); False leaves ``ctx.finish`` to the caller. ``overlap``: see
+    ``Context.start``."""
+
+    def __init__(
+        self, ctx: Context | None = None, *, finish: bool = True, overlap: bool | None = None
+    ) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.finish = finish
+        self.overlap = overlap  # Context.start's: reduce beside Keras's step (default: 1 MiB+)
+        self._variables: list[Any] = []
+        self._names: list[str] = []
+        self._stepping = False
+        self._applied: dict[str, np.ndarray] | None = None
+
+    # -- fit's start and end --------------------------------------------------------------------
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.ctx is None:
+            self.ctx = join()
+        if self.ctx.session is not None:  # a second fit: go on from where the run is
+            self._set(self.ctx.session.x)
+            return
+        self._variables, self._names = shared_weights(self.model)
+        if not self._variables:
+            raise RunFailure("HopCallback: the model has no floating-point weights to train")
+        self._set(self.ctx.start(self._get(), device=keras_device(), overlap=self.overlap))
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        if not ctx.done:
+            with ctx._guard():
+                raise RunFailure(
+                    f"worker {ctx.worker}: model.fit ended in iteration {ctx.iteration} of "
+                    f"{ctx.iterations}, before the run was done: give fit more epochs "
+                    "(epochs=ctx.epochs(len(x_train), batch_size))"
+                )
+        if self.finish and not ctx.session.finished:
+            if ctx.session.last_eval == (None, None):
+                print(
+                    f"hopbus: worker {ctx.worker}: fit had no validation data, so the run's "
+                    "final accuracy is unknown (give fit validation_data)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            ctx.finish()
+
+    # -- each batch: one Hop iteration ----------------------------------------------------------
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        assert self.ctx is not None
+        self._stepping = self.ctx.begin() is not None
+        if not self._stepping:  # the run is done: no more steps
+            self.model.stop_training = True
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self._stepping:
+            return
+        ctx = self.ctx
+        assert ctx is not None
+        logs = logs or {}
+        key = _accuracy_key(logs)
+        if key is not None:
+            ctx.log(accuracy=_number(logs[key]))
+        self._applied = None
+        x = ctx.end(apply=self._apply, loss=_number(logs.get("loss")))
+        applied = self._applied
+        if applied is None or any(x[n] is not applied[n] for n in self._names):
+            self._set(x)  # the serial order, or a jump: Reduce came after Apply
+        self._stepping = False
+        if ctx.done:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = logs or {}
+        key = _accuracy_key(logs, "val_")
+        if "val_loss" in logs or key is not None:
+            assert self.ctx is not None
+            self.ctx.log(
+                eval_loss=_number(logs.get("val_loss")),
+                eval_accuracy=None if key is None else _number(logs[key]),
+            )
+
+    # -- the weights ----------------------------------------------------------------------------
+    def _apply(self, part: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Hop's Apply, inside TensorFlow: the variables (x_k plus Keras's step) += Reduce's
+        part; returns them as they now are (the serial order: as they are)."""
+        if part is not None:
+            for n, v in zip(self._names, self._variables, strict=True):
+                v.assign_add(_tensor(part[n]))
+        self._applied = self._get()
+        return self._applied
+
+    def _get(self) -> dict[str, np.ndarray]:
+        """The weights as read-only snapshots without a copy: TensorFlow copies a variable
+        before it writes in place into a buffer a snapshot still holds (copy-on-write), so a
+        snapshot in flight to a neighbour never changes."""
+        return {n: _snapshot(v) for n, v in zip(self._names, self._variables, strict=True)}
+
+    def _set(self, params: dict[str, np.ndarray]) -> None:
+        for n, v in zip(self._names, self._variables, strict=True):
+            v.assign(params[n])
+
+
+__all__ = ["HopCallback", "keras_device", "shared_weights"]

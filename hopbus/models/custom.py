@@ -1,0 +1,162 @@
+"""A user's own model and data on the command line: ``--model MODULE:FUNCTION`` and
+``--data MODULE:FUNCTION``, so CLI and compose users train their own network without a script.
+
+``MODULE`` is a module name importable from the current folder or PYTHONPATH (``models:build``,
+``mypkg.nets:vgg``) or a path to a ``.py`` file (``code/models.py:build``). The model function
+returns a compiled Keras model (trained by ``model.fit`` with ``hopbus.keras.HopCallback``) or an
+object of hopbus's numpy model interface (``init_params(seed)``, ``loss_and_grad(params, x, y)``,
+``evaluate(params, x, y)``: hopbus.models.base.Model); it may take ``n_features``,
+``n_classes`` and ``input_shape`` keyword arguments and is given those it names. The data
+function takes no arguments and returns ``(x_train, y_train, x_test, y_test)``.
+
+Everything that can go wrong (no such module, an import that raises, no such function, the
+wrong kind of result) is one ConfigError line naming the flag; a user's exception is shown by
+its type and first line, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hopbus.errors import ConfigError
+
+SCRIPT = "script"
+"""The model (and data) of a run whose workers run a user's script (``hopbus launch``): the
+script builds both, and ``hopbus worker`` without a command refuses to join it."""
+
+SPEC = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_.]*|[^:]+\.py):(?P<func>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+NUMPY_METHODS = ("init_params", "loss_and_grad", "evaluate")
+"""What a numpy model offers (hopbus.models.base.Model)."""
+
+
+def is_callable_spec(spec: str) -> bool:
+    """Whether ``spec`` names a user's function (MODULE:FUNCTION or FILE.py:FUNCTION)."""
+    return SPEC.fullmatch(spec.strip()) is not None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else ""
+    if len(line) > 200:
+        line = line[:200] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def load_callable(spec: str, flag: str) -> Callable[..., Any]:
+    """The function ``spec`` names, imported; one line for anything that goes wrong."""
+    m = SPEC.fullmatch(spec.strip())
+    if m is None:
+        raise ConfigError(f"{flag} {spec!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
+    module_name, func = m["module"], m["func"]
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}")
+            loaded = sys.modules.get(path.stem)
+            if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
+                module = loaded  # --model and --data in one file: imported once
+            else:
+                sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work
+                loader_spec = importlib.util.spec_from_file_location(path.stem, path.resolve())
+                assert loader_spec is not None and loader_spec.loader is not None
+                module = importlib.util.module_from_spec(loader_spec)
+                sys.modules[path.stem] = module
+                loader_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise ConfigError(
+            f"{flag} {spec!r}: no module named {missing!r} (run from the folder that holds "
+            "it, or add that folder to PYTHONPATH)"
+        ) from None
+    except BaseException as exc:  # the user's module raised while importing
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise ConfigError(
+            f"{flag} {spec!r}: importing {module_name} failed: {_first_line(exc)}"
+        ) from None
+    fn = getattr(module, func, None)
+    if fn is None:
+        raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no {func!r}")
+    if not callable(fn):
+        raise ConfigError(f"{flag} {spec!r}: {func!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> Any:
+    """``fn`` called with those of ``offered`` its signature names; its exception as one line."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
+    try:
+        return fn(**kwargs)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt | ConfigError):
+            raise
+        raise ConfigError(f"{flag} {spec!r} raised {_first_line(exc)}") from None
+
+
+def is_keras_model(obj: Any) -> bool:
+    """A Keras model (checked without importing Keras: by its classes' modules)."""
+    return any(
+        c.__module__.split(".")[0] in ("keras", "tf_keras")
+        and c.__name__ in ("Model", "Sequential", "Functional")
+        for c in type(obj).__mro__
+    )
+
+
+def check_model(obj: Any, spec: str) -> Any:
+    """``obj`` if it is a compiled Keras model or a numpy Model; else one line saying what is
+    expected."""
+    if is_keras_model(obj):
+        if not getattr(obj, "compiled", False) or getattr(obj, "optimizer", None) is None:
+            raise ConfigError(
+                f"--model {spec!r} returned a Keras model that is not compiled: call "
+                "model.compile(optimizer=..., loss=..., metrics=['accuracy']) before returning it"
+            )
+        return obj
+    if all(callable(getattr(obj, m, None)) for m in NUMPY_METHODS):
+        return obj
+    raise ConfigError(
+        f"--model {spec!r} returned a {type(obj).__name__}: expected a compiled Keras model, or "
+        "an object with init_params(seed), loss_and_grad(params, x, y) and "
+        "evaluate(params, x, y) (hopbus.models.base.Model)"
+    )
+
+
+def keras_mode_line(what: str, mode: object) -> str:
+    """Why a Keras model (a user's --model, or a script's) cannot train in ``mode``."""
+    return (
+        f"{what} trains with the Hop modes only (standard, notify-ack, backup, staleness, "
+        f"hybrid): --mode {mode} exchanges gradients or group sums, not a model's parameters"
+    )
+
+
+__all__ = [
+    "SCRIPT",
+    "call_user",
+    "check_model",
+    "is_callable_spec",
+    "is_keras_model",
+    "keras_mode_line",
+    "load_callable",
+]

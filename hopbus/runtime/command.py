@@ -1,0 +1,183 @@
+"""``hopbus worker --run R -- COMMAND ARGS...``: one copy of a user's training script as a worker.
+
+The torchrun convention: this process takes the worker's id (``--id``, or the run's next one),
+starts COMMAND with the environment ``hopbus.join()`` reads (hopbus/runtime/env.py), passes its
+output through, forwards SIGTERM and Ctrl-C to it, and ends as it ends. It is also where the run
+hears about a script that failed outside hopbus's own calls: one that crashed (its last lines of
+stderr name the cause), was killed, or exited 0 without finishing its part of the run (it never
+called ``hopbus.join()``, or stopped training early). ``hopbus launch`` starts N of these.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import redis
+
+from hopbus.coord.broker import _die_with_parent
+from hopbus.coord.client import connect
+from hopbus.coord.keys import RunKeys
+from hopbus.coord.runs import join_worker
+from hopbus.errors import ConfigError, RunFailure
+from hopbus.runtime import env
+from hopbus.runtime.join import check_trainer
+from hopbus.runtime.node import read_run_config, redis_failures
+from hopbus.runtime.worker import report_failure
+
+TAIL_LINES = 3
+"""Lines of a failed script's stderr quoted in the run's failure line (all of it is in the log)."""
+KEPT_LINES = 40  # enough to find a traceback's last "File ..." line
+
+STOP_GRACE_S = 5.0
+ERROR_PREFIX = "hopbus: error: "
+
+
+class ScriptFailed(RunFailure):
+    """The script failed; the run was told already (by the script itself or here)."""
+
+
+def _pump(source: IO[bytes], sink: Any, tail: collections.deque[str]) -> None:
+    """Copy the script's stderr to ours line by line, keeping its last lines."""
+    for raw in iter(source.readline, b""):
+        with contextlib.suppress(OSError, ValueError):
+            sink.write(raw)
+            sink.flush()
+        line = raw.decode(errors="replace").rstrip()
+        if line.strip():
+            tail.append(line)
+
+
+def script_env(
+    run: str, worker: int, redis_url: str, *, bind: str, advertise: str | None,
+    timeout: float | None, curve: Path | None, device: str | None, rejoin: bool,
+    tensorboard: Path | None,
+) -> dict[str, str]:  # fmt: skip
+    """This environment with the run's variables set (any stale ones of another run gone)."""
+    out = {k: v for k, v in os.environ.items() if k not in env.WORKER_VARS}
+    out.update({env.RUN: run, env.REDIS: redis_url, env.ID: str(worker), env.BIND: bind})
+    optional = {
+        env.ADVERTISE: advertise,
+        env.TIMEOUT: None if timeout is None else repr(timeout),
+        env.CURVE: None if curve is None else str(Path(curve).resolve()),
+        env.DEVICE: device,
+        env.REJOIN: "1" if rejoin else None,
+        env.TENSORBOARD: None if tensorboard is None else str(Path(tensorboard).resolve()),
+    }
+    out.update({k: v for k, v in optional.items() if v is not None})
+    return out
+
+
+def run_command(
+    run: str,
+    worker: int | None,
+    redis_url: str,
+    command: list[str],
+    *,
+    timeout: float | None = None,
+    **settings: Any,
+) -> int:
+    """Run ``command`` as worker ``worker`` of ``run``; returns the worker's id once the script
+    finished its part. Raises ScriptFailed (reported to the run) if it did not."""
+    keys = RunKeys(run)
+    who = "worker" if worker is None else f"worker {worker}"
+    wait = timeout or 60.0
+    with redis_failures(who, run):
+        client = connect(redis_url, timeout=wait)
+        cfg, topo = read_run_config(client, keys, wait)
+        check_trainer(cfg, run, script=True)
+        if worker is not None and not 0 <= worker < topo.n:
+            raise ConfigError(f"--id {worker}: run {run!r} has workers 0..{topo.n - 1}")
+        if worker is None:
+            worker = join_worker(client, keys, topo.n)
+    shown = shlex.join(command)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    variables = script_env(run, worker, redis_url, timeout=timeout, **settings)
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=variables,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot start `{shown}`: {exc.strerror or exc}") from None
+    tail: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+    assert proc.stderr is not None
+    pump = threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)
+    pump.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI's handler): the script stops too
+        _stop(proc)
+        raise
+    pump.join(timeout=5.0)
+    return _outcome(client, keys, worker, redis_url, shown, code, list(tail))
+
+
+_WHERE = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def cause(tail: list[str]) -> str:
+    """A failed script's last words in one line: a Python traceback's exception with the
+    place it was raised (``TypeError: ... (train.py, line 33, in evaluate)``), else its last
+    lines of stderr joined."""
+    if not tail:
+        return "it printed nothing on stderr"
+    last = tail[-1].strip()
+    places = [m for line in tail if (m := _WHERE.match(line))]
+    if places and not _WHERE.match(tail[-1]):
+        m = places[-1]
+        return f"{last} ({Path(m['file']).name}, line {m['line']}, in {m['func']})"
+    return " | ".join(line.strip() for line in tail[-TAIL_LINES:])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _outcome(
+    client: redis.Redis, keys: RunKeys, worker: int, url: str, shown: str, code: int,
+    tail: list[str],
+) -> int:  # fmt: skip
+    """The worker's id if the script finished its part; otherwise ScriptFailed, the run told
+    unless the script said itself (a ``hopbus: error:`` line: it reported what it had to)."""
+    said = [line[len(ERROR_PREFIX) :] for line in tail if line.startswith(ERROR_PREFIX)]
+    if code == 0:
+        try:
+            if client.hexists(keys.result, str(worker)):
+                return worker
+        except redis.RedisError:
+            pass  # cannot tell: say what is known
+        why = (
+            f"worker {worker}: `{shown}` exited 0 without finishing its part of the run (it "
+            "must call hopbus.join() and train until the run is done, e.g. model.fit with "
+            "hopbus.keras.HopCallback)"
+        )
+    elif said:
+        raise ScriptFailed(said[-1])
+    elif code < 0:
+        why = f"worker {worker}: `{shown}` was killed by {signal.Signals(-code).name}"
+    else:
+        why = f"worker {worker}: `{shown}` exited with status {code}: {cause(tail)}"
+    report_failure(url, keys.run, worker, why)
+    raise ScriptFailed(why)
+
+
+__all__ = ["ScriptFailed", "run_command", "script_env"]

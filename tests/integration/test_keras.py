@@ -1,0 +1,146 @@
+"""Your own Keras model as Hop workers (hopbus.keras.HopCallback), with the example script a user
+would write: a CNN with BatchNorm and Dropout, Adam, built without a seed. Real TensorFlow,
+real processes, a real redis-server; skipped, saying why, without TensorFlow (the tf extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cluster import clean_env, hopbus_args, processes_mentioning, train
+
+pytest.importorskip("tensorflow", reason="the Keras tests need TensorFlow: pip install -e '.[tf]'")
+
+from hopbus.consensus import distance, sketch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "keras_cnn.py"
+STEPS = 300
+
+
+def launch(redis_url: str, out: Path, run: str, *flags: str, timeout: float = 300):
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), "--json")
+    p = subprocess.run(
+        [*args, *flags, "--", sys.executable, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+    return p, (json.loads(p.stdout) if p.stdout.strip() else None)
+
+
+def alone(tmp_path: Path, copies: int) -> tuple[list[float], float]:
+    """The script trained alone on all the data for STEPS steps, ``copies`` times at once:
+    the test accuracies, and the consensus distance of the copies (no averaging)."""
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(EXAMPLE),
+                "--steps",
+                str(STEPS),
+                "--save",
+                str(tmp_path / f"alone-{i}.npz"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
+        for i in range(copies)
+    ]
+    accuracies = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        accuracies.append(float(out.split("accuracy")[-1]))
+    sketches = {}
+    for i in range(copies):
+        with np.load(tmp_path / f"alone-{i}.npz") as z:
+            sketches[i] = sketch({k: z[k] for k in z.files})[0]
+    apart = distance(sketches)
+    assert apart is not None
+    return accuracies, float(apart["max"])
+
+
+def test_a_keras_script_in_backup_mode_learns_as_well_as_alone(redis_url, tmp_path):
+    p, s = launch(
+        redis_url,
+        tmp_path / "run",
+        f"k{os.getpid()}",
+        "-n",
+        "4",
+        "--mode",
+        "backup",
+        "--iterations",
+        str(STEPS),
+    )
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    assert s["iterations"]["min"] == STEPS
+    accuracies, apart = alone(tmp_path, 4)
+    # the same number of steps (each on a quarter of the data) reaches the accuracy alone
+    assert s["final_accuracy"] >= float(np.median(accuracies)) - 0.02, (
+        s["final_accuracy"],
+        accuracies,
+    )
+    # and at the end the workers' weights agree: far closer than four runs without averaging
+    assert s["consensus_distance"] is not None
+    assert s["consensus_distance"] < apart / 10, (s["consensus_distance"], apart)
+    # Keras's logs are the run's progress: training loss and accuracy, validation on the test set
+    entries = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(e["loss"], float) and isinstance(e["accuracy"], float) for e in entries)
+    evals = [e for e in entries if "eval_accuracy" in e]
+    assert evals and all(0.0 <= e["eval_accuracy"] <= 1.0 for e in evals)
+    assert not processes_mentioning(str(EXAMPLE))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mode", "standard"],
+        ["--mode", "staleness", "--staleness", "3"],
+        ["--mode", "hybrid", "--staleness", "3"],
+        [
+            "--mode",
+            "backup",
+            "--skip-max",
+            "10",
+            "--max-ig",
+            "10",
+            "--slowdown",
+            "fixed:4@0",
+            "--iter-time",
+            "0.01",
+        ],
+    ],
+    ids=["standard", "staleness", "hybrid", "skipping"],
+)
+def test_the_keras_script_in_every_hop_mode(redis_url, tmp_path, flags):
+    run = f"k{os.getpid()}-{flags[1]}-{len(flags)}"
+    p, s = launch(redis_url, tmp_path / "run", run, "-n", "4", "--iterations", "100", *flags)
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    if "--skip-max" in flags:
+        assert s["jumps"] >= 1  # the straggler skipped: fewer batches than iterations
+    assert s["final_accuracy"] >= 0.6
+
+
+def test_a_keras_model_from_the_command_line(redis_url, tmp_path):
+    """--model and --data MODULE:FUNCTION: hopbus train fits the user's compiled Keras model."""
+    p, s = train(
+        redis_url, tmp_path / "run", "-n", "3", "--topology", "ring", "--mode", "backup",
+        "--iterations", "120", "--model", f"{EXAMPLE}:model", "--data", f"{EXAMPLE}:data",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0 and s["final_accuracy"] >= 0.8
+    assert s["consensus_distance"] < 0.1

@@ -1,0 +1,320 @@
+"""Your own training loop as Hop workers: ``hopbus launch -- COMMAND``, ``hopbus worker --
+COMMAND`` and ``hopbus.join()``, with real scripts, a real redis-server and real processes.
+
+The scripts are plain numpy loops written into the test's folder; faults are injected by name
+(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``) through the script's argument,
+as a user's bug would happen, not through hopbus.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = itertools.count()
+
+SCRIPT = """
+import os
+import sys
+import numpy as np
+import hopbus
+
+fault, who = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else -1
+if fault == "never_joins" and os.environ["HOPBUS_ID"] == str(who):
+    sys.exit(0)  # a script that forgot hopbus.join(), as seen from the run
+with hopbus.join() as ctx:
+    me = ctx.worker
+    rows = np.arange(1000)
+    mine = ctx.shard(rows)
+    print("shard", me, ",".join(map(str, mine[:5])), len(mine), flush=True)
+    shape = (8, 4) if fault == "other_model" and me == who else (8, 3)
+    rng = np.random.default_rng()  # no seed: every worker draws its own start
+    target = np.full(shape, me, np.float32)  # each worker pulls toward its own id
+    w0 = rng.normal(size=shape).astype(np.float32)
+    params = ctx.start({"W": w0}, overlap=fault == "overlap")
+    print("start", me, float(params["W"].sum()), flush=True)
+    while not ctx.done:
+        p = ctx.begin()
+        if fault == "crash_at" and me == who and ctx.iteration >= 20:
+            raise ZeroDivisionError("worker %d gave up" % me)
+        if fault == "stops_early" and me == who and ctx.iteration >= 10:
+            break  # leaving the with block early: the run hears why
+        new = {"W": p["W"] - 0.1 * (p["W"] - target)}
+        p = ctx.end(new, loss=float(((p["W"] - target) ** 2).mean()))
+        if ctx.iteration % 10 == 0:
+            ctx.log(eval_loss=float(((p["W"] - 1.5) ** 2).mean()), eval_accuracy=0.5)
+    if ctx.done:
+        ctx.finish(loss=float(((p["W"] - 1.5) ** 2).mean()), accuracy=0.5)
+        print("finished", me, float(p["W"].mean()), flush=True)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "loop.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def launch(redis_url: str, out: Path, *flags: str, command: list[str], timeout: float = 240):
+    run = f"l{os.getpid()}-{next(RUNS)}"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), "--json")
+    p = subprocess.run(
+        [*args, *flags, "--", *command],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+    summary = json.loads(p.stdout) if p.stdout.strip() else None
+    return p, summary, run
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("hopbus: error:")]
+
+
+def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
+    out = tmp_path / "run"
+    p, s, run = launch(
+        redis_url, out, "-n", "4", "--mode", "backup", "--iterations", "60",
+        command=[sys.executable, str(script), "none"],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    assert s["iterations"]["min"] == s["iterations"]["max"] == 60
+    assert s["final_accuracy"] == pytest.approx(0.5)
+    # every worker pulls toward its own id; averaging keeps them together anyway
+    assert s["consensus_distance"] is not None and s["consensus_distance"] < 0.5
+    assert s["consensus"]["exact"] is True and s["consensus"]["workers"] == 4
+    assert {f.name for f in out.iterdir()} >= {
+        "config.toml",
+        "metrics.jsonl",
+        "summary.json",
+        "logs",
+        "tensorboard",
+    }
+    assert 'model = "script"' in (out / "config.toml").read_text()
+    starts, shards = set(), []
+    for i in range(4):
+        log = (out / "logs" / f"worker-{i}.log").read_text()
+        (start,) = [line.split()[2] for line in log.splitlines() if line.startswith("start ")]
+        starts.add(start)
+        (shard,) = [line.split()[2:] for line in log.splitlines() if line.startswith("shard ")]
+        shards.append(shard)
+        assert f"worker {i} finished its part of run {run}" in log
+        assert list((out / "tensorboard" / f"worker-{i}").glob("events.out.tfevents.*"))
+    assert len(starts) == 1, "every worker starts from worker 0's parameters"
+    from hopbus.data import shard_rows
+
+    for i, (head, count) in enumerate(shards):
+        rows = shard_rows(1000, i, 4, 0)  # the built-in loaders' rule, seed 0
+        assert head == ",".join(map(str, rows[:5])) and int(count) == len(rows)
+    entries = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(entries) == 4 * 60
+    assert any("eval_loss" in e for e in entries) and all("loss" in e for e in entries)
+    assert not processes_mentioning(str(script))
+
+
+def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, script):
+    """overlap=True: Recv and Reduce in a thread while the loop computes (big models' path)."""
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "4", "--mode", "staleness", "--iterations", "60",
+        command=[sys.executable, str(script), "overlap"],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0 and s["consensus_distance"] < 0.5
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+
+
+@pytest.mark.parametrize("mode", ["standard", "backup"])
+def test_a_script_that_crashes_is_named_with_its_last_words(redis_url, tmp_path, script, mode):
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "4", "--mode", mode, "--iterations", "200",
+        command=[sys.executable, str(script), "crash_at", "2"],
+    )  # fmt: skip
+    tail = "ZeroDivisionError: worker 2 gave up (loop.py, line"
+    if mode == "standard":  # it cannot go on without worker 2
+        assert p.returncode == 1, p.stderr
+        (line,) = error_lines(p.stderr)
+        assert "worker 2" in line and tail in line, line
+        assert not s["finished"]
+    else:  # backup workers: the others finish without it, as with a crashed built-in worker
+        assert p.returncode == 0, p.stderr
+        assert s["finished"] and s["violations"] == 0
+        assert [w["worker"] for w in s["lost_workers"]] == [2]
+        assert tail in p.stderr
+    assert not processes_mentioning(str(script))
+
+
+def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_path, script):
+    for fault, expected in (
+        ("never_joins", "exited 0 without finishing its part of the run"),
+        ("stops_early", "left the run in iteration 10 of 200"),
+    ):
+        out = tmp_path / fault
+        p, _, _ = launch(
+            redis_url, out, "-n", "3", "--topology", "ring", "--iterations", "200",
+            command=[sys.executable, str(script), fault, "1"],
+        )  # fmt: skip
+        assert p.returncode == 1, p.stderr
+        (line,) = error_lines(p.stderr)
+        assert "worker 1" in line and expected in line, line
+        assert not processes_mentioning(str(script))
+
+
+def test_workers_whose_models_differ_stop_before_any_training(redis_url, tmp_path, script):
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "3", "--topology", "ring", "--iterations", "50",
+        command=[sys.executable, str(script), "other_model", "1"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    (line,) = error_lines(p.stderr)
+    differs = "tensor 'W' is float32[8, 4] here but float32[8, 3] on worker 0"
+    assert "worker 1's model differs from worker 0's: " + differs in line
+    assert s["iterations"]["max"] <= 1  # nobody got past its first step
+    assert not processes_mentioning(str(script))
+
+
+def test_bad_launches_are_one_line(redis_url, tmp_path, script):
+    for flags, command, expected in (
+        (["--mode", "ps-bsp"], [sys.executable, str(script)], "trains with the Hop modes only"),
+        ([], [], "give the command to run after --"),
+        (["--checkpoint-every", "5"], [sys.executable, str(script)], "No such option"),
+        ([], ["hopbus-no-such-program-xyz"], "cannot start `hopbus-no-such-program-xyz`"),
+    ):
+        out = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
+        p, _, _ = launch(
+            redis_url, out, "-n", "2", "--timeout", "20", *flags, command=command, timeout=120
+        )
+        assert p.returncode in (1, 2), (flags, p.stderr)
+        assert expected in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+
+
+def test_join_outside_a_run_says_how_to_launch(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-c", "import hopbus; hopbus.join()"],
+        capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [
+        "hopbus: error: hopbus.join(): this process is not a worker of a hopbus run; start it "
+        "with `hopbus launch -n 4 -- python SCRIPT` (a local run), or one copy with `hopbus "
+        "worker --run RUN --redis URL -- python SCRIPT`"
+    ]
+    alone = subprocess.run(
+        [sys.executable, "-c", "import hopbus; print(hopbus.launched())"],
+        capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert alone.stdout.strip() == "False"
+
+
+def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, script):
+    """hopbus create, then hopbus worker -- COMMAND per copy (ids taken on joining), and hopbus
+    watch: the multi-machine and container shape of a script's run."""
+    run = f"w{os.getpid()}"
+    created = hopbus(
+        "create",
+        "--run",
+        run,
+        "-n",
+        "2",
+        "--topology",
+        "ring",
+        "--iterations",
+        "40",
+        "--model",
+        "script",
+        "--redis",
+        redis_url,
+    )
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(
+            hopbus_args("worker", "--run", run, "--", sys.executable, str(script), "none"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    watch = hopbus(
+        "watch",
+        "--run",
+        run,
+        "--redis",
+        redis_url,
+        "--out",
+        str(tmp_path / "w"),
+        "--json",
+        timeout=180,
+    )
+    outs = [w.communicate(timeout=120) for w in workers]
+    assert watch.returncode == 0, watch.stderr
+    s = json.loads(watch.stdout)
+    assert s["finished"] and s["violations"] == 0 and s["workers"] == 2
+    assert all(w.returncode == 0 for w in workers), outs
+    assert sorted(out.split("finished ")[1].split()[0] for out, _ in outs) == ["0", "1"]
+    # a run made for scripts is refused by a worker without one, in one line
+    lone = hopbus("worker", "--run", run, "--redis", redis_url)
+    assert lone.returncode == 2
+    assert error_lines(lone.stderr) == [
+        f"hopbus: error: run {run} trains a script's model (hopbus launch): start its workers "
+        f"with the script, hopbus worker --run {run} -- COMMAND ARGS..."
+    ]
+
+
+def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
+    run = f"c{os.getpid()}"
+    args = hopbus_args(
+        "launch",
+        "--redis",
+        redis_url,
+        "--run",
+        run,
+        "--out",
+        str(tmp_path / "r"),
+        "-n",
+        "3",
+        "--topology",
+        "ring",
+        "--iterations",
+        "1000000",
+    )
+    proc = subprocess.Popen(
+        [*args, "--", sys.executable, str(script), "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:2") or 0) >= 5, 120, "the run to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not processes_mentioning(str(script))
+
+
+def test_the_numpy_example_trains(redis_url, tmp_path):
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "4", "--mode", "backup", "--iterations", "150",
+        command=[sys.executable, str(ROOT / "examples" / "numpy_loop.py")],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0 and s["final_accuracy"] >= 0.9
+    assert s["consensus_distance"] < 0.1

@@ -1,0 +1,88 @@
+"""What a new user met, each a fault by its name: ``target_at_the_end``, ``deleted_token_queue``,
+``missing_run``, ``unreachable_inbox``; and the CLI's small refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import redis
+from cluster import clean_env, hopbus, hopbus_args, train, train_args, wait_iteration
+
+from hopbus.coord.keys import RunKeys
+
+
+def test_a_target_reached_by_the_final_evaluation_counts(redis_url, tmp_path):
+    """Fault ``target_at_the_end``: no periodic evaluation reaches --target-loss, the final
+    one does: time_to_target is the end of the run, not "never"."""
+    p, s = train(redis_url, tmp_path / "run", "--iterations", "60", "--eval-every", "1000",
+                 "--target-loss", "0.5")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["final_loss"] <= 0.5
+    assert s["time_to_target"] == s["wall_s"]
+
+
+def test_a_deleted_token_queue_is_named_not_blamed_on_a_timeout(redis_url, tmp_path):
+    """Fault ``deleted_token_queue``: TokenQ(0->1) deleted while it holds tokens (worker 1 is
+    the slow one). Worker 1 sees the queue hold fewer tokens than worker 0's counter says
+    and stops the run naming it, long before --timeout."""
+    flags = ["-n", "3", "--topology", "complete", "--iterations", "400", "--timeout", "60"]
+    flags += ["--iter-time", "0.02", "--slowdown", "fixed:6@1", "--eval-every", "0"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    wait_iteration(client, keys, 1, 10)
+    t0 = time.monotonic()
+    client.delete(keys.tok(0, 1))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - t0 < 30
+    last = err.strip().splitlines()[-1]
+    assert f"{keys.tok(0, 1)} holds 0 tokens where worker 0's counter" in last, last
+    assert "raise --timeout" not in last
+
+
+def test_a_run_that_is_not_there_is_said_to_be_waited_for(redis_url):
+    """Fault ``missing_run``: hopbus worker of a run nobody created says what it waits for
+    within seconds, then gives up after --timeout with one line."""
+    p = hopbus("worker", "--run", f"nosuch{os.getpid()}", "--redis", redis_url, "--timeout", "4")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert "is not in this Redis yet: waiting up to 4 s" in lines[0]
+    assert lines[-1].startswith("hopbus: error: run ") and "after 4 s" in lines[-1]
+
+
+def test_an_inbox_its_peers_cannot_reach_is_named(redis_url, tmp_path):
+    """Fault ``unreachable_inbox``: worker 0 advertises an address nobody can reach (TEST-NET
+    192.0.2.1): its wait for updates ends naming that address."""
+    run = f"unreach{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "20", "--redis", redis_url, "--timeout", "5")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    args0 = ["worker", "--run", run, "--id", "0", "--bind", "tcp://127.0.0.1:*"]
+    w0 = subprocess.Popen(hopbus_args(*args0, "--advertise", "192.0.2.1"), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    w1 = subprocess.Popen(hopbus_args("worker", "--run", run, "--id", "1"), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _, err0 = w0.communicate(timeout=120)
+    w1.communicate(timeout=120)
+    assert w0.returncode == 1
+    assert "nothing arrived at this node's inbox, tcp://192.0.2.1:" in err0, err0
+
+
+def test_small_refusals_of_the_cli(tmp_path):
+    for args, expected in (
+        (["train", "--run", ""], "--run '': a run id is 1 to 64 letters"),
+        (["train", "-n", "5000", "--data", "synthetic:10000,8,2"], "more than 256 is not"),
+        (["launch", "-n", "300", "--", "true"], "hopbus launch starts one process per worker"),
+    ):
+        p = hopbus(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert expected in p.stderr, (args, p.stderr)
+    for command in ("train", "launch", "worker", "watch", "sim", "inspect"):
+        p = hopbus(command, "--help")
+        assert p.returncode == 0 and "<bool>" not in p.stdout, command

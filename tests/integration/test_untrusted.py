@@ -1,0 +1,315 @@
+"""Nothing read from Redis, the data or the wire is trusted, and a run's status tells the truth.
+
+Each test injects one fault by its name, with real processes and a real redis-server:
+``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
+``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
+``late_watch``, ``per_run_user``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from cluster import (
+    clean_env,
+    hopbus,
+    hopbus_args,
+    processes_mentioning,
+    train,
+    train_args,
+    wait_for,
+    wait_iteration,
+)
+
+from hopbus.coord.broker import EmbeddedRedis
+from hopbus.coord.keys import RunKeys
+from hopbus.runtime import checkpoint
+
+
+def strict(text: str):
+    """JSON as a strict reader takes it: NaN, Infinity and -Infinity refused."""
+
+    def refuse(name: str):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [x for x in stderr.splitlines() if x.startswith("hopbus: error:")]
+
+
+def test_diverging_lr_stops_the_run_and_the_results_stay_strict_json(redis_url, tmp_path):
+    """Fault ``diverging_lr``: --lr 1000000 makes every model NaN within a few iterations."""
+    out = tmp_path / "run"
+    p, s = train(redis_url, out, "-n", "4", "--iterations", "100", "--lr", "1000000")
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    (line,) = error_lines(p.stderr)
+    assert "diverged in iteration" in line and "(lower --lr, now 1e+06)" in line, line
+    summary = strict((out / "summary.json").read_text())
+    assert summary == s or s is None
+    d = summary["diverged"]
+    assert d is not None and f"worker {d['worker']} diverged in iteration {d['iteration']}" in line
+    assert not summary["finished"]
+    for row in (out / "metrics.jsonl").read_text().splitlines():
+        strict(row)
+    strict(p.stdout)  # the --json summary on stdout too
+
+
+def test_inspect_and_watch_of_a_diverged_run_stay_strict(redis_url, tmp_path):
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--topology", "ring")
+    args += ["--iterations", "60", "--lr", "1e6"]
+    subprocess.run(args, capture_output=True, text=True, env=clean_env(), timeout=120, check=False)
+    inspect = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    snap = strict(inspect.stdout)
+    assert snap["status"] == "failed"
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
+    assert watch.returncode == 1 and "Traceback" not in watch.stderr, watch.stderr
+    strict((tmp_path / "w" / "summary.json").read_text())
+
+
+def test_nan_in_an_svmlight_file_is_refused_with_file_and_line(tmp_path):
+    """Fault ``nan_in_svmlight``."""
+    data = tmp_path / "train.svm"
+    data.write_text("1 1:0.5 2:1\n# a comment\n0 1:1 2:nan\n1 1:2 2:0\n")
+    p = hopbus("train", "-n", "2", "--data", f"svmlight:{data}", "--iterations", "5")
+    assert p.returncode == 2
+    assert error_lines(p.stderr) == [
+        f"hopbus: error: svmlight file '{data}', line 3: field 3 has a value that is not finite"
+    ]
+
+
+def test_a_data_file_that_holds_secrets_is_never_quoted(tmp_path):
+    """Fault ``secret_in_a_data_error``: a run's config rewritten in Redis to read
+    /proc/self/environ, whose first line holds the Redis URL with its password."""
+    with EmbeddedRedis(port=0) as server:
+        password = "HopSecret-4242"
+        server_url = server.url
+        admin = redis.Redis.from_url(server_url)
+        admin.config_set("requirepass", password)
+        url = server_url.replace("redis://", f"redis://:{password}@")
+        run = f"leak{os.getpid()}"
+        assert hopbus("create", "--run", run, "-n", "2", "--redis", url).returncode == 0
+        client = redis.Redis.from_url(url)
+        keys = RunKeys(run)
+        cfg = json.loads(client.hget(keys.meta, "config"))
+        cfg["data"] = "svmlight:/proc/self/environ"
+        client.hset(keys.meta, "config", json.dumps(cfg))
+        p = subprocess.run(
+            hopbus_args("worker", "--run", run, "--id", "0"),
+            capture_output=True, text=True, timeout=120, check=False,
+            env=clean_env(HOPBUS_REDIS=url),
+        )  # fmt: skip
+        assert p.returncode != 0
+        assert password not in p.stdout + p.stderr
+        (line,) = error_lines(p.stderr)
+        assert "/proc/self/environ', line 1: its label is not a number" in line
+        events = [f for _, f in client.xrange(keys.events)]
+        assert password.encode() not in b"".join(v for f in events for v in f.values())
+
+
+def test_a_corrupt_cifar10_batch_is_one_short_line(tmp_path):
+    """A pickle asking for a 2 KB 'global', and labels that do not fit 64 bits."""
+    import pickle
+
+    from hopbus.data import DataError
+    from hopbus.data.cifar10 import load_cifar10
+
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    name = "A" * 2048
+    (folder / "data_batch_1").write_bytes(b"\x80\x02c" + name.encode() + b"\nx\n.")
+    (folder / "test_batch").write_bytes(b"")
+    with pytest.raises(DataError) as info:
+        load_cifar10(str(folder))
+    assert len(str(info.value)) < 300 and "AAAA" not in str(info.value)
+    batch = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [2**70, 1]}
+    (folder / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=2))
+    with pytest.raises(DataError, match=r"labels are not all in 0\.\.9"):
+        load_cifar10(str(folder))
+
+
+def test_a_checkpoint_that_holds_nan_is_skipped_saying_so(redis_url, tmp_path):
+    """Fault ``nan_in_checkpoint``: the newest set holds a NaN; --resume says so and takes the
+    set before it."""
+    out = tmp_path / "run"
+    p, _ = train(redis_url, out, "-n", "2", "--topology", "ring", "--iterations", "60",
+                 "--checkpoint-every", "20")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    folder = out / "checkpoints"
+    assert checkpoint.newest_complete(folder, 2) == 40
+    got = checkpoint.load(folder, 1, 40)
+    bad = {k: v.copy() for k, v in got.state.params.items()}
+    bad["W"].reshape(-1)[3] = np.nan
+    got.state.params = bad
+    checkpoint.save(folder, 1, 40, got.state, run=got.run)
+    p = subprocess.run(
+        hopbus_args("train", "--resume", str(out), "--redis", redis_url, "--json"),
+        capture_output=True, text=True, env=clean_env(), timeout=180, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "skips a newer checkpoint set" in p.stderr and "not all finite numbers" in p.stderr
+    assert json.loads(p.stdout)["resumed_from"] == 20
+
+
+def _start(redis_url: str, tmp_path: Path, *flags: str):
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    return proc, run, RunKeys(run)
+
+
+def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_client, tmp_path):
+    """Faults ``forged_progress`` and ``forged_report``: entries that no worker wrote (a
+    malformed one, one far ahead, one claiming the future) and a final report for every
+    worker at the last iteration, while the run is at a third of it."""
+    flags = ["-n", "4", "--iterations", "900", "--iter-time", "0.01", "--eval-every", "0"]
+    proc, run, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 0, 300)
+    forged = {"worker": 0, "iterations": 900, "final_accuracy": 0.999, "final_loss": 0.001}
+    for i in range(4):
+        redis_client.hset(keys.result, str(i), json.dumps({**forged, "worker": i}))
+    redis_client.xadd(keys.progress, {"worker": 0, "iter": "abc"})
+    redis_client.xadd(keys.progress, {"worker": 1, "iter": 890, "jump": 5})
+    redis_client.xadd(keys.progress, {"worker": 2, "iter": 899})
+    redis_client.xadd(keys.progress, {"worker": 9, "iter": 2})
+    watch = subprocess.Popen(
+        hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                    "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    top = hopbus("top", "--run", run, "--redis", redis_url, "--once")
+    assert top.returncode == 0 and "Traceback" not in top.stderr, top.stderr
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["violations"] == 0, s["first_violation"]
+    assert all(v == 0 for v in s["checks"].values()), s["checks"]
+    assert s["refused"]["progress_entries"] == 4
+    assert "refused 4 progress entries" in err
+    w_out, w_err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, w_err
+    w = json.loads(w_out)
+    assert w["finished"] and w["iterations"]["min"] == 900 and w["violations"] == 0
+
+
+def test_a_forged_report_does_not_keep_a_dead_worker_alive(redis_url, redis_client, tmp_path):
+    """A forged final report for worker 3, then worker 3 killed: in backup mode the others
+    declare it dead and go on."""
+    flags = ["-n", "4", "--mode", "backup", "--iterations", "400", "--iter-time", "0.01"]
+    flags += ["--heartbeat", "2", "--eval-every", "0"]
+    proc, run, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 3, 50)
+    redis_client.hset(keys.result, "3", json.dumps({"iterations": 400, "final_accuracy": 1.0}))
+    for pid in processes_mentioning(f"--run {run} --id 3"):
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [3]
+    assert s["refused"]["final_reports"] == 1
+
+
+def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, tmp_path):
+    """Fault ``stray_worker``: a --id 7 on a 2-worker run and a second --id 0, started while
+    it runs and after it finished, are refused (exit 2) without a word in the run; watch of
+    the finished run reads every entry, reports it finished and leaves its status alone."""
+    run = f"stray{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                  "700", "--eval-every", "0", "--redis", redis_url).returncode == 0  # fmt: skip
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    wait_iteration(client, keys, 0, 10)
+    for _ in range(2):  # while it runs, and once it finished
+        for stray in ("7", "0"):
+            p = subprocess.run(hopbus_args("worker", "--run", run, "--id", stray), env=env,
+                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            assert p.returncode == 2, p.stderr
+            assert len(error_lines(p.stderr)) == 1
+        if workers[0].poll() is None:
+            for w in workers:
+                w.communicate(timeout=120)
+            assert all(w.returncode == 0 for w in workers)
+    assert not [f for _, f in client.xrange(keys.events) if f.get(b"kind") == b"error"]
+    inspect = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
+    snap = json.loads(inspect.stdout)  # nobody watched it: its own keys say it finished
+    assert snap["status"] == "finished" and snap["recorded_status"] == "starting"
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   "--json")  # fmt: skip
+    assert watch.returncode == 0, watch.stderr
+    s = json.loads(watch.stdout)
+    assert s["finished"] and s["iterations"]["min"] == 700
+    assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2 * 700  # > 1,000
+    assert client.hget(keys.meta, "status") == b"finished"
+
+
+def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, tmp_path):
+    """Fault ``killed_launcher``: kill -9 of hopbus train; its workers die with it. The run's
+    recorded status stays "running"; what its keys say is "abandoned", and clean takes it."""
+    flags = ["-n", "3", "--topology", "ring", "--iterations", "100000", "--iter-time", "0.01"]
+    proc, run, keys = _start(redis_url, tmp_path, *flags, "--heartbeat", "2")
+    client = redis.Redis.from_url(redis_url)
+    wait_iteration(client, keys, 0, 20)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    wait_for(lambda: not processes_mentioning(run), 30, "the workers to die with the launcher")
+    assert client.hget(keys.meta, "status") == b"running"
+    beats = [keys.hb(i) for i in range(3)]
+    wait_for(lambda: not client.exists(*beats), 30, "the dead workers' heartbeats to expire")
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "abandoned" and snap["recorded_status"] == "running"
+    cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not client.exists(keys.meta)
+
+
+def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
+    """Fault ``per_run_user``: hopbus create --acl makes a user that may touch only its run's
+    keys; the run trains with it; another run's keys are out of its reach; clean removes it."""
+    with EmbeddedRedis(port=0) as server:
+        admin = redis.Redis.from_url(server.url)
+        admin.set("hop:{other}:meta", "x")
+        run = f"own{os.getpid()}"
+        secret = tmp_path / "run.url"
+        p = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                   "50", "--acl", str(secret), "--redis", server.url)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        assert secret.stat().st_mode & 0o777 == 0o600
+        url = secret.read_text().strip()
+        assert url.startswith(f"redis://hop-{run}:")
+        own = redis.Redis.from_url(url)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            own.get("hop:{other}:meta")
+        env = clean_env(HOPBUS_REDIS=url)
+        workers = [
+            subprocess.Popen(hopbus_args("worker", "--run", run), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]  # fmt: skip
+        watch = subprocess.run(
+            hopbus_args("watch", "--run", run, "--out", str(tmp_path / "w"), "--json"),
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert watch.returncode == 0, watch.stderr
+        assert json.loads(watch.stdout)["finished"]
+        for w in workers:
+            w.communicate(timeout=60)
+        cleaned = hopbus("clean", "--run", run, "--redis", server.url)
+        assert f"its Redis user hop-{run}" in cleaned.stdout, cleaned.stderr
+        assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None

@@ -1,0 +1,158 @@
+"""--model and --data MODULE:FUNCTION: a user's function found, called and checked, and every
+way it can be wrong said in one line."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hopbus.data import DataError, load_dataset
+from hopbus.errors import ConfigError
+from hopbus.models import build_model
+from hopbus.models.custom import check_model, is_callable_spec, load_callable
+
+
+def module(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_specs_are_told_apart_from_built_in_names():
+    assert is_callable_spec("models:build") and is_callable_spec("pkg.nets:vgg")
+    assert is_callable_spec("code/models.py:build")
+    assert not is_callable_spec("softmax") and not is_callable_spec("models:")
+    assert not is_callable_spec("models:build(1)")
+
+
+def test_a_file_path_and_a_module_name_both_load(tmp_path, monkeypatch):
+    path = module(tmp_path, "um_load", "def f():\n    return 41 + 1\n")
+    assert load_callable(f"{path}:f", "--model")() == 42
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_callable("um_load:f", "--model")() == 42
+
+
+@pytest.mark.parametrize(
+    ("body", "spec_tail", "expected"),
+    [
+        ("x = 1\n", ":nothing", "has no 'nothing'"),
+        ("x = 1\n", ":x", "'x' is a int, not a function"),
+        (
+            "raise ValueError('bad config line\\nsecond line')\n",
+            ":f",
+            "importing .* failed: ValueError: bad config line$",
+        ),
+        ("import no_such_module_hopbus\n", ":f", "no module named 'no_such_module_hopbus'"),
+    ],
+)
+def test_what_cannot_be_loaded_is_one_line(tmp_path, body, spec_tail, expected):
+    path = module(tmp_path, f"um_bad_{abs(hash(body)) % 10**6}", body)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_callable(f"{path}{spec_tail}", "--model")
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_and_module(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_callable(f"{tmp_path}/absent.py:f", "--data")
+    with pytest.raises(ConfigError, match="no module named 'hopbus_absent_mod'"):
+        load_callable("hopbus_absent_mod:f", "--data")
+
+
+def test_a_model_function_gets_what_it_names_and_must_return_a_model(tmp_path):
+    path = module(
+        tmp_path,
+        "um_models",
+        """
+        import numpy as np
+
+        class Lin:
+            def __init__(self, n_features, n_classes):
+                self.shape = (n_features, n_classes)
+            def init_params(self, seed):
+                return {"W": np.zeros(self.shape, np.float32)}
+            def loss_and_grad(self, params, x, y):
+                return 0.0, {"W": np.zeros_like(params["W"])}
+            def evaluate(self, params, x, y):
+                return 0.0, 1.0
+
+        def good(n_classes, n_features):
+            return Lin(n_features, n_classes)
+
+        def wrong():
+            return {"W": 1}
+
+        def raises(**kw):
+            raise RuntimeError("no GPU here")
+        """,
+    )
+    got = build_model(f"{path}:good", 64, 10)
+    assert got.shape == (64, 10)
+    with pytest.raises(ConfigError, match="returned a dict: expected a compiled Keras model"):
+        build_model(f"{path}:wrong", 64, 10)
+    with pytest.raises(ConfigError, match="raised RuntimeError: no GPU here"):
+        build_model(f"{path}:raises", 64, 10)
+    with pytest.raises(ConfigError, match="returned a int"):
+        check_model(3, "m:f")
+
+
+def test_user_data_is_checked(tmp_path):
+    path = module(
+        tmp_path,
+        "um_data",
+        """
+        import numpy as np
+        rng = np.random.default_rng(0)
+        x = rng.random((20, 4, 4, 1))
+        y = np.arange(20) % 3
+
+        def good():
+            return x, y, x[:5], y[:5]
+
+        def floats():
+            return x, y.astype(float), x[:5], y[:5].astype(float)
+
+        def three():
+            return x, y, x
+
+        def short():
+            return x, y[:10], x, y
+
+        def nan():
+            bad = x.copy(); bad[7, 0, 0, 0] = np.nan
+            return bad, y, x[:5], y[:5]
+
+        def negative():
+            return x, y - 1, x[:5], y[:5]
+
+        def shapes():
+            return x, y, x[:, :2], y
+
+        def strings():
+            return x, np.array(["a"] * 20), x, y
+        """,
+    )
+    d = load_dataset(f"{path}:good")
+    assert d.x_train.shape == (20, 4, 4, 1) and d.x_train.dtype == np.float32
+    assert d.y_train.dtype == np.int64 and d.n_classes == 3 and d.n_features == 16
+    f = load_dataset(f"{path}:floats")
+    assert f.y_train.dtype == np.float32 and f.n_classes == 0
+    for name, expected in [
+        ("three", "expected \\(x_train, y_train, x_test, y_test\\)"),
+        ("short", "x_train has 20 rows and y_train 10"),
+        ("nan", "x_train row 7 holds a value that is not finite"),
+        ("negative", "integer labels must be 0..C-1, found -1"),
+        ("shapes", "x_train rows are \\[4, 4, 1\\], x_test rows \\[2, 4, 1\\]"),
+        ("strings", "y_train holds <U1, not numbers"),
+    ]:
+        with pytest.raises(DataError, match=expected):
+            load_dataset(f"{path}:{name}")
+
+
+def test_built_in_data_names_are_not_modules():
+    with pytest.raises(DataError, match="unknown data set"):
+        load_dataset("digits:load")

@@ -1,0 +1,55 @@
+"""TensorBoard event files written without TensorFlow, read back by TensorFlow's own parsers."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from hopbus.runtime.tensorboard import ScalarWriter, crc32c, event, record
+
+
+def test_crc32c_is_castagnoli():
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    assert crc32c(b"") == 0
+
+
+def test_records_are_framed_as_tfrecords():
+    data = b"hello"
+    framed = record(data)
+    (length,) = struct.unpack("<Q", framed[:8])
+    assert length == len(data) and framed[12 : 12 + len(data)] == data
+    assert len(framed) == 8 + 4 + len(data) + 4
+
+
+def test_tensorflow_reads_the_scalars(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    from tensorflow.core.util import event_pb2
+
+    writer = ScalarWriter(tmp_path / "worker-0")
+    for step in range(1, 6):
+        writer.add(step, {"train/loss": 1.0 / step, "test/accuracy": None, "lag": -2}, keep=True)
+    writer.add(6, {"train/loss": 0.1})  # within EVERY_S of the last kept one: left out
+    writer.flush()
+    (path,) = (tmp_path / "worker-0").glob("events.out.tfevents.*")
+    events = [event_pb2.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+    assert events[0].file_version == "brain.Event:2"
+    scalars = [(e.step, v.tag, v.simple_value) for e in events[1:] for v in e.summary.value]
+    assert [s for s in scalars if s[1] == "train/loss"] == [
+        (k, "train/loss", pytest.approx(1.0 / k)) for k in range(1, 6)
+    ]
+    assert all(tag != "test/accuracy" for _, tag, _ in scalars)  # None is left out
+    assert (3, "lag", -2.0) in scalars
+    assert all(step != 6 for step, _, _ in scalars)
+    assert event(0.0, 7, scalars={"x": 1.5})  # serializes on its own too
+
+
+def test_a_folder_it_cannot_write_stops_the_scalars_not_the_run(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    writer = ScalarWriter(blocker / "worker-0")  # a folder under a file: cannot be made
+    writer.add(1, {"loss": 1.0})
+    writer.flush()
+    writer.add(2, {"loss": 0.5})
+    writer.flush()
+    assert capsys.readouterr().err.count("TensorBoard scalars stop") == 1
