@@ -15,15 +15,19 @@ import warnings
 import pytest
 from test_cli import hopbus
 
+from hopbus import heterogeneity
 from hopbus.config import TrainConfig, make_config
 from hopbus.experiments import SCENARIOS
 from hopbus.experiments.figures import FIGURES
 from hopbus.experiments.results import claim_cells, claims, judge
 from hopbus.experiments.scenarios import Claim
+from hopbus.heterogeneity import MachineLinks
 from hopbus.runtime.launcher import check_inputs
 
 PNG = b"\x89PNG\r\n\x1a\n"
-PAPER = ("random-slowdown", "deterministic-slowdown", "topology", "vs-allreduce", "vs-ps")
+PAPER = (
+    "random-slowdown", "deterministic-slowdown", "topology", "vs-allreduce", "vs-ps", "paper-cnn",
+)  # fmt: skip
 
 
 def test_random_slowdown_quick_end_to_end(tmp_path):
@@ -92,6 +96,23 @@ def test_the_paper_settings_are_the_papers():
     assert all(p.values["slowdown"].startswith("machines:4,2,2@") for p in topo)
     assert {p.values["mode"] for p in full["vs-allreduce"]} == {"allreduce", "standard", "backup"}
     assert {p.values["mode"] for p in full["vs-ps"]} == {"standard", "ps-bsp"}
+
+
+def test_paper_cnn_is_the_papers_cnn_setting_and_quick_only_scales_time():
+    full, quick = SCENARIOS["paper-cnn"].runs(False), SCENARIOS["paper-cnn"].runs(True)
+    for plans, scale in ((full, 1), (quick, 5)):
+        slowed = [p for p in plans if p.group != "links-only"]
+        assert {p.values["workers"] for p in plans} == {16}
+        assert {p.values["message_bytes"] for p in plans} == {36_902_440}  # VGG-11, float32
+        assert {p.values["max_ig"] for p in plans} == {10}
+        links = f"machines:4,4,4,4@0/{scale}Gbit"
+        assert {p.values["slowdown"] for p in slowed} == {f"random:6+{links}"}
+        assert {p.values["slowdown_scope"] for p in slowed} == {"iteration", "compute"}
+        assert {p.values["iter_time"] for p in plans} == {1.0 / scale}  # compute : link kept
+        assert {p.label for p in slowed} == {"standard", "backup", "staleness", "hybrid"}
+        (machines,) = [x for x in heterogeneity.parse(links) if isinstance(x, MachineLinks)]
+        assert machines.sizes == (4, 4, 4, 4)
+        assert machines.s_per_byte == pytest.approx(8 / (scale * 1e9))  # 1 Gbit/s, scaled
 
 
 def _record(group, label, *, mean=None, target=None, failure=None, skipped=None, violations=0):
