@@ -11,7 +11,7 @@ trips (floors, token takes, the Advance script), Reduce and Apply on a tiny mode
 neighbours is the protocol doing its job and is reported separately.
 
 That wall-clock figure also counts time a worker was ready but not scheduled, which dominates
-when 4 workers and Redis share fewer cores. So the goal (under 1 ms) is judged on CPU time:
+when 4 workers and Redis share fewer cores. So the goal (at most 0.5 ms) is judged on CPU time:
 each worker's process CPU time (all its threads: driver, receiver, heartbeat) minus its compute
 time, per iteration. Prints one JSON object with both.
 """
@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+GOAL_MS = 0.5  # CPU per worker-iteration at degree 3 (issue 18)
 
 
 def main() -> None:
@@ -76,8 +78,9 @@ def main() -> None:
             "p90": statistics.quantiles(overhead, n=10)[-1] * ms,
         },
         "cpu_overhead_ms_per_worker": [round(x * ms, 4) for x in cpu_overhead],
-        "goal_ms": 1.0,
-        "meets_goal": statistics.fmean(cpu_overhead) * ms < 1.0,
+        "cpu_overhead_ms_mean": round(statistics.fmean(cpu_overhead) * ms, 4),
+        "goal_ms": GOAL_MS,
+        "meets_goal": statistics.fmean(cpu_overhead) * ms <= GOAL_MS,
         "violations": summary["violations"],
     }
     print(json.dumps(result))

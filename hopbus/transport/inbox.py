@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from hopbus.heterogeneity import SlowdownModel, SlowdownScope
 from hopbus.transport.outbox import COPY_BYTES
 
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 POLL_MS = 100  # how long close() may wait for the receiver thread to notice
 DRAIN_BATCH = 64  # messages taken per wake-up before checking for close() again
 UNAUTHENTICATED = "unauthenticated"
@@ -276,10 +278,13 @@ class Inbox:
         """Receive and handle one message if one is waiting. Its frames die with this call
         (or, on an emulated slow link, when it is delivered), so the inbox never holds a
         snapshot the owner has let go of."""
+        copy = self._copy
         try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=self._copy)
+            frames = [sock.recv(_NOBLOCK, copy=copy)]
         except zmq.Again:
             return False
+        while sock.get(_RCVMORE):  # recv_multipart's loop, without its enum conversions
+            frames.append(sock.recv(_NOBLOCK, copy=copy))
         self._handle(frames)
         return True
 
