@@ -182,27 +182,32 @@ BAD_KINDS = (
 )
 
 
-def test_bad_frames_are_counted_and_never_cost_a_valid_update(ctx):
-    rng = random.Random(7)
-    inbox, got = inbox_for(ctx, 2, update_from=[1])
+def _mixed(rng: random.Random, bad: int, valid: int) -> tuple[list[list], dict[str, int]]:
+    """``bad`` frames of every bad kind and ``valid`` updates from worker 1, shuffled, and the
+    drops the bad ones must be counted as."""
     mix: list[tuple[str | None, list]] = [
-        _bad(BAD_KINDS[i % len(BAD_KINDS)], rng) for i in range(1000)
+        _bad(BAD_KINDS[i % len(BAD_KINDS)], rng) for i in range(bad)
     ]
-    valid = [(None, encode_update(RUN, 1, k, snapshot(k))) for k in range(200)]
-    mix += valid
+    mix += [(None, encode_update(RUN, 1, k, snapshot(k))) for k in range(valid)]
     rng.shuffle(mix)
     expected = dict.fromkeys(DROP_REASONS, 0)
     for reason, _ in mix:
         if reason is not None:
             expected[reason] += 1
+    return [frames for _, frames in mix], expected
+
+
+def test_bad_frames_are_counted_and_never_cost_a_valid_update(ctx):
+    inbox, got = inbox_for(ctx, 2, update_from=[1])
+    mix, expected = _mixed(random.Random(7), 1000, 200)
 
     # one raw socket, so bad and valid frames are truly interleaved on one connection
     hostile = ctx.socket(zmq.PUSH)
     hostile.connect(inbox.endpoint)
     try:
-        for _, frames in mix:
+        for frames in mix:
             hostile.send_multipart(frames, copy=False)
-        got.wait_for(lambda ms: len(ms) == len(valid))
+        got.wait_for(lambda ms: len(ms) == 200)
         wait_for(lambda: sum(inbox.drops().values()) == 1000, DEADLINE_S, "1000 drops")
         assert inbox.drops() == expected
         assert sorted(m.iteration for m in got.messages) == list(range(200))
@@ -216,23 +221,16 @@ def test_bad_frames_are_counted_and_never_cost_a_valid_update(ctx):
 
 def test_an_inline_inbox_receives_checks_and_delivers_on_the_callers_thread(ctx):
     # the small-model path (Node._open): no receiver thread, the owner pumps while it waits
-    rng = random.Random(11)
     got = Stamped()
     v = Validator(RUN, N, [1], [], LAYOUT, max_iteration=10_000)
     inbox = Inbox(ctx, LOCAL, v, got, hwm=1000, inline=True)
     inbox.start()
     assert not inbox.running  # nothing was started
-    mix = [_bad(BAD_KINDS[i % len(BAD_KINDS)], rng) for i in range(300)]
-    mix += [(None, encode_update(RUN, 1, k, snapshot(k))) for k in range(50)]
-    rng.shuffle(mix)
-    expected = dict.fromkeys(DROP_REASONS, 0)
-    for reason, _ in mix:
-        if reason is not None:
-            expected[reason] += 1
+    mix, expected = _mixed(random.Random(11), 300, 50)
     hostile = ctx.socket(zmq.PUSH)
     hostile.connect(inbox.endpoint)
     try:
-        for _, frames in mix:
+        for frames in mix:
             hostile.send_multipart(frames, copy=False)
         deadline = time.monotonic() + DEADLINE_S
         while len(got.messages) < 50 or sum(inbox.drops().values()) < 300:
