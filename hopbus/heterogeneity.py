@@ -245,6 +245,38 @@ class SlowdownModel(Protocol):
     def has_link_delays(self) -> bool: ...
 
 
+def links_graph(mode: Mode, graph: nx.DiGraph, name: str) -> tuple[nx.DiGraph, str]:
+    """The graph a run's bytes travel, which its slowdown is bound to: the topology's, except
+    for ring all-reduce, whose bytes go round the ring 0 -> 1 -> ... -> n-1 -> 0 whatever
+    --topology says (gloo's ring, in one direction)."""
+    if mode.family is not Family.ALLREDUCE:
+        return graph, name
+    import networkx as nx
+
+    n = graph.number_of_nodes()
+    ring = nx.DiGraph()
+    ring.add_nodes_from(range(n))
+    ring.add_edges_from((i, (i + 1) % n) for i in range(n) if n > 1)
+    return ring, "the all-reduce ring"
+
+
+def ring_allreduce_s(
+    model: SlowdownModel, n: int, iteration: int, nbytes: int, scope: SlowdownScope
+) -> float:
+    """Seconds the emulated links add to one ring all-reduce of ``nbytes`` over ``n`` workers
+    (``model`` bound to ``links_graph``'s ring): 2 (n - 1) steps in which every worker sends
+    an n-th of the buffer to the next, each step as long as its slowest message
+    (``message_delay``, the rule every message follows). gloo's own transfer is real and
+    comes first; this is charged after it, the same on every worker."""
+    if n < 2 or not model.has_link_delays:
+        return 0.0
+    chunk = -(-nbytes // n)
+    step = max(
+        message_delay(model, i, (i + 1) % n, iteration, chunk, scope=scope) for i in range(n)
+    )
+    return 2 * (n - 1) * step
+
+
 def message_delay(
     model: SlowdownModel,
     src: int,
@@ -391,11 +423,10 @@ class Heterogeneity:
 
     def check_mode(self, mode: Mode) -> None:
         """Refuse link delays where hopbus cannot apply them, rather than run without them:
-        a parameter server's workers send only to the server (on no machine of the slowdown),
-        and gloo moves an all-reduce's bytes itself."""
+        a parameter server's workers send only to the server (on no machine of the slowdown).
+        An all-reduce's links are charged after gloo's real transfer (``ring_allreduce_s``)."""
         why = {
             Family.PS: "its workers exchange only with the parameter server, on no link of it",
-            Family.ALLREDUCE: "gloo's transfers cannot be delayed; slow a worker's compute",
         }.get(mode.family)
         if why is not None and self.has_link_delays:
             raise ConfigError(

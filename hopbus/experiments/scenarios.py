@@ -200,7 +200,9 @@ def _paper_cnn(quick: bool) -> list[RunPlan]:
     cost about as much as a Compute. The model that really trains stays softmax on digits (its
     loss is real, the link time is the VGG-11 one). Compute is 1 s per iteration, VGG-11 on a
     quarter of a CPU machine's cores. ``--quick`` runs the same setting 5 times faster (0.2 s,
-    5 Gbit/s: every ratio of compute to link time kept) for 100 iterations instead of 200."""
+    5 Gbit/s: every ratio of compute to link time kept) for 100 iterations instead of 200.
+    Ring all-reduce runs beside Hop: gloo's real transfer, then its links' time
+    (``heterogeneity.ring_allreduce_s``) over the same uplinks."""
     scale = 5 if quick else 1
     base = {
         **_paper(False),
@@ -212,11 +214,13 @@ def _paper_cnn(quick: bool) -> list[RunPlan]:
         "message_bytes": VGG11_BYTES,
     }
     links = f"machines:{PAPER_MACHINES}@0/{scale}Gbit"
+    runs = [(label, own, None) for label, own in HOP_RULES]
+    runs.append(("allreduce", {"mode": "allreduce"}, TORCH))  # links charged after gloo's ring
     out = [
         RunPlan(f"{scope}-6x", label, {**base, **own, "slowdown": f"{RANDOM_6X}+{links}",
-                                        "slowdown_scope": scope})
+                                        "slowdown_scope": scope}, needs)
         for scope in ("iteration", "compute")
-        for label, own in HOP_RULES
+        for label, own, needs in runs
     ]  # fmt: skip
     out.append(RunPlan("links-only", "standard", {**base, "mode": "standard", "slowdown": links}))
     return out
@@ -437,7 +441,7 @@ SCENARIOS: dict[str, Scenario] = {
             "Sec. 7.3.1 in the paper's own setting: 16 workers on 4 emulated machines with "
             "1 Gbit/s uplinks, VGG-11-sized updates, 6x random slowdown of the whole iteration "
             "(--slowdown-scope iteration) and, beside it, of Compute only; standard, backup (1), "
-            "staleness (5) and hybrid on the ring-based graph",
+            "staleness (5) and hybrid on the ring-based graph, and ring all-reduce",
             _paper_cnn,
             reference="standard",
             claims=(
@@ -467,6 +471,13 @@ SCENARIOS: dict[str, Scenario] = {
                     "iter",
                     ("compute-6x", "standard"),
                     ("compute-6x", "staleness"),
+                ),
+                _faster(
+                    "iteration scope: backup's iterations faster than ring all-reduce's",
+                    "iteration-6x",
+                    "backup",
+                    "allreduce",
+                    1.0,
                 ),
                 Claim(
                     "iteration scope: standard's iteration time / with the links only",

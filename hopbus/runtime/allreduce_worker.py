@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from hopbus.baselines.allreduce import FlatLayout
 from hopbus.errors import ConfigError, RunFailure
+from hopbus.heterogeneity import ring_allreduce_s
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.node import LOOK_S, Node, advertised, names
 
@@ -142,6 +143,16 @@ class AllReduceWorker(Node):
         self.counters["allreduce_us"] += round(spent * 1e6)
         return spent
 
+    def _links(self, k: int) -> float:
+        """The emulated links' share of iteration k's all-reduce (``--slowdown machines:`` or
+        ``link:``), slept after gloo's real transfer: the same on every worker. The bytes are
+        the gradient buffer's, or ``--message-bytes``. Returns the seconds slept."""
+        nbytes = self.cfg.message_bytes or self.layout.nbytes
+        hold = ring_allreduce_s(self.het, self.topo.n, k, nbytes, self.cfg.slowdown_scope)
+        if hold > 0:
+            time.sleep(hold)  # emulated link time, not a synchronization
+        return hold
+
     def _wake(self, _: Any) -> None:
         with self.cond:
             self.cond.notify_all()
@@ -177,7 +188,7 @@ class AllReduceWorker(Node):
             compute_s, _ = t.gradient(k)
             compute_total += compute_s
             layout.pack(t.grads, self.buf)
-            wait_s = self._all_reduce(k)
+            wait_s = self._all_reduce(k) + self._links(k)
             self.buf *= mean  # the sum -> the mean gradient
             t.step(layout.views(self.buf))  # reads the views, keeps none
             self.faults.before_iteration(k + 1)

@@ -41,7 +41,7 @@ from hopbus.coord.runs import (
 )
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
-from hopbus.heterogeneity import Heterogeneity
+from hopbus.heterogeneity import Heterogeneity, links_graph
 from hopbus.jsonout import dumps
 from hopbus.models.custom import SCRIPT, keras_mode_line
 from hopbus.modes import Family, Mode
@@ -119,7 +119,9 @@ def check_inputs(
         )
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
-    het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(topo.graph, topo.name)
+    het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(
+        *links_graph(cfg2.mode, topo.graph, topo.name)
+    )
     het.check_mode(cfg2.mode)
     if script or not load:
         return cfg2, topo, specs

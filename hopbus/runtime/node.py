@@ -29,7 +29,7 @@ from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError, load_config
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
-from hopbus.heterogeneity import Heterogeneity
+from hopbus.heterogeneity import Heterogeneity, links_graph
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
@@ -154,7 +154,7 @@ class Node:
         self._load_curve()
         self.faults = Faults.for_worker(self.node)
         self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(
-            topo.graph, topo.name
+            *links_graph(cfg.mode, topo.graph, topo.name)
         )
         self.control = RunControl(self.r, self.keys, self.node, iterations=cfg.iterations)
         self.control.epoch = self.control.broker_id()  # the broker instance it starts in

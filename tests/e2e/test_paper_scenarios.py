@@ -109,7 +109,13 @@ def test_paper_cnn_is_the_papers_cnn_setting_and_quick_only_scales_time():
         assert {p.values["slowdown"] for p in slowed} == {f"random:6+{links}"}
         assert {p.values["slowdown_scope"] for p in slowed} == {"iteration", "compute"}
         assert {p.values["iter_time"] for p in plans} == {1.0 / scale}  # compute : link kept
-        assert {p.label for p in slowed} == {"standard", "backup", "staleness", "hybrid"}
+        assert {p.label for p in slowed} == {
+            "standard",
+            "backup",
+            "staleness",
+            "hybrid",
+            "allreduce",
+        }
         (machines,) = [x for x in heterogeneity.parse(links) if isinstance(x, MachineLinks)]
         assert machines.sizes == (4, 4, 4, 4)
         assert machines.s_per_byte == pytest.approx(8 / (scale * 1e9))  # 1 Gbit/s, scaled

@@ -84,13 +84,27 @@ def test_a_straggler_sets_everyones_pace(redis_url, tmp_path, torch_installed):
         assert t >= 0.95 * 4 * iter_time, (i, t)  # fast workers too: they wait for worker 0
 
 
-def test_link_delays_are_refused_up_front(tmp_path, torch_installed):
+def test_emulated_links_are_charged_after_the_real_all_reduce(redis_url, tmp_path, torch_installed):
+    """Workers 0-1 and 2-3 on two machines whose uplinks carry 1 Mbit/s, every all-reduce
+    charged as 100 kB: each of the 6 ring steps moves 25 kB across each machine boundary,
+    0.2 s, so every iteration waits at least 1.2 s (sleeps never end early: cannot flake)."""
+    k = 3
+    flags = ["-n", str(N), "-k", str(k), "--mode", "allreduce", "--message-bytes", "100kB"]
+    flags += ["--slowdown", "machines:2,2@0/1Mbit", "--iter-time", "0.01"]
+    p, s = train(redis_url, tmp_path / "run", *flags)
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        assert json.loads(line)["wait_s"] >= 1.2, line
+
+
+def test_a_link_between_workers_the_ring_never_joins_is_refused_up_front(tmp_path):
     out = tmp_path / "out"
-    flags = ["train", "--mode", "allreduce", "--slowdown", "link:50@0-1", "--out", str(out)]
-    p = _hopbus(clean_env(), *flags)
+    flags = ["train", "--mode", "allreduce", "-n", "4", "--slowdown", "link:50@0-2"]
+    p = _hopbus(clean_env(), *flags, "--out", str(out))
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no meaning with --mode allreduce" in lines[0], p.stderr
+    assert len(lines) == 1 and "not neighbours in 'the all-reduce ring'" in lines[0], p.stderr
     assert not out.exists()
 
 

@@ -13,9 +13,11 @@ from hopbus.heterogeneity import (
     MachineLinks,
     RandomSlowdown,
     SlowdownScope,
+    links_graph,
     message_delay,
     parse,
     parse_size,
+    ring_allreduce_s,
 )
 from hopbus.modes import Mode
 from hopbus.topology import Topology
@@ -127,14 +129,14 @@ def test_random_slowdown_rate_is_p_and_draws_are_order_independent():
     assert differs
 
 
-@pytest.mark.parametrize("mode", ["ps-bsp", "ps-asp", "allreduce"])
+@pytest.mark.parametrize("mode", ["ps-bsp", "ps-asp"])
 def test_link_delays_are_refused_where_hopbus_cannot_apply_them(mode):
     topo = Topology.named("complete", 8)
     for spec in ("link:50@0-1", "machines:4,4@10"):
         het = Heterogeneity.from_spec(spec, 8).bind(topo.graph, topo.name)
         with pytest.raises(ConfigError, match=f"no meaning with --mode {mode}"):
             het.check_mode(Mode(mode))
-    for ok in ("standard", "wagma"):  # their workers' messages go through the inbox
+    for ok in ("standard", "wagma", "allreduce"):  # inbox holds; the ring's links after gloo
         Heterogeneity.from_spec("machines:4,4@10", 8).bind(topo.graph, topo.name).check_mode(
             Mode(ok)
         )
@@ -225,3 +227,20 @@ def test_iteration_scope_stretches_a_slowed_senders_messages():
     for k in range(50):  # the factor of the message's own iteration, drawn as for its Compute
         d = message_delay(r, 0, 1, k, 10**6, scope=SlowdownScope.ITERATION)
         assert d == pytest.approx(r.factor(0, k))
+
+
+def test_a_ring_all_reduce_pays_2_n_minus_1_steps_of_its_slowest_link():
+    # 4 workers on 2 machines; the ring 0->1->2->3->0 crosses at 1->2 and 3->0, one message
+    # per step on each uplink: a step moves a quarter of 4 MB at 1 Gbit/s, 8 ms
+    topo = Topology.named("ring-based", 4)  # the all-reduce ring, whatever --topology says
+    ring, name = links_graph(Mode("allreduce"), topo.graph, topo.name)
+    assert sorted(ring.edges) == [(0, 1), (1, 2), (2, 3), (3, 0)] and name == "the all-reduce ring"
+    assert links_graph(Mode("standard"), topo.graph, topo.name)[0] is topo.graph
+    h = Heterogeneity.from_spec("fixed:6@1+machines:2,2@0/1Gbit", 4).bind(ring, name)
+    compute = SlowdownScope.COMPUTE
+    assert ring_allreduce_s(h, 4, 0, 4_000_000, compute) == pytest.approx(6 * 0.008)
+    # iteration scope: worker 1 sends across the boundary 6x slower, and every step waits
+    assert ring_allreduce_s(h, 4, 0, 4_000_000, SlowdownScope.ITERATION) == pytest.approx(
+        6 * 6 * 0.008
+    )
+    assert ring_allreduce_s(Heterogeneity.from_spec("fixed:6@1", 4), 4, 0, 10**6, compute) == 0
