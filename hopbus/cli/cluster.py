@@ -4,6 +4,7 @@ cluster."""
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -581,6 +582,8 @@ def inspect_cmd(
             _emit_json({"runs": runs})
         elif runs:
             print("\n".join(runs))
+        elif list_runs:
+            print("hopbus: no runs in this Redis", file=sys.stderr)  # an empty list, not an error
         elif run is None:
             raise ConfigError("no runs in this Redis; give --run RUN (or --redis URL)")
         return

@@ -184,7 +184,7 @@ def summary(console: Console, s: dict[str, Any]) -> None:
     waiting = s.get("waiting") or {}
     if waiting.get("per_iteration_s") is not None:
         rows.append(
-            ("waiting", f"{waiting['per_iteration_s']:.4f} {unit} per worker-iteration, blocked")
+            ("waiting", f"{waiting['per_iteration_s']:.4f} {unit} blocked per worker-iteration")
         )
     if hop and cfg["skip_max"] >= 2:
         rows.append(("jumps", f"{s['jumps']} jumps, skipping {s['skipped_iterations']} iterations"))
