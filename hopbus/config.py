@@ -288,6 +288,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    except RecursionError:  # arrays nested a thousand deep: no setting looks like that
+        raise ConfigError(f"config file {str(path)!r} nests too deeply to be settings") from None
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 

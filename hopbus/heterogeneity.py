@@ -73,6 +73,7 @@ _MACHINES = re.compile(rf"machines:(?P<sizes>[0-9]+(?:,[0-9]+)*)@(?P<ms>{_NUM})(
 _AMOUNT = re.compile(rf"(?P<x>{_NUM})(?P<unit>[A-Za-z]*)")
 MAX_FACTOR = 1e6  # a worker a million times slower is as good as stopped
 MAX_LINK_MS = 1e9
+MIN_BYTES_PER_S = 1 / 8  # 1 bit/s: below it, link times overflow any run (1e-300Gbit)
 
 BANDWIDTH_UNITS = {  # bytes per second of one unit per second
     "bit": 1 / 8,
@@ -207,6 +208,8 @@ def _per_byte(spec: str, text: str | None) -> float:
     rate = float(m["x"]) * unit
     if not rate > 0 or rate == float("inf"):
         raise _bad(spec, f"bandwidth {text!r} must be above 0")
+    if rate < MIN_BYTES_PER_S:
+        raise _bad(spec, f"bandwidth {text!r} is below 1 bit per second")
     return 1.0 / rate
 
 

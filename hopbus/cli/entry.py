@@ -33,6 +33,7 @@ def exit_interrupted() -> NoReturn:
 def main() -> None:
     try:
         from hopbus.cli.main import main as run
-    except KeyboardInterrupt:
+
+        run()
+    except KeyboardInterrupt:  # while importing, or after the command had returned
         exit_interrupted()
-    run()

@@ -12,18 +12,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
 MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Control characters: a value that reaches a terminal must not move its cursor, clear it,
+retitle it or start a line of its own."""
+
+
 def text(value: Any, limit: int = 2000) -> str | None:
-    """bytes or str as str (undecodable bytes replaced), at most ``limit`` characters."""
+    """bytes or str as str (undecodable bytes replaced, control characters as spaces), at
+    most ``limit`` characters."""
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     if not isinstance(value, str):
         return None
+    if _CONTROL.search(value):
+        value = _CONTROL.sub(" ", value)
     return value if len(value) <= limit else value[:limit] + "..."
 
 

@@ -50,6 +50,7 @@ from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
+from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.progress import (
     Entry,
@@ -64,7 +65,9 @@ from hopbus.runtime.progress import (
 from hopbus.topology import Topology
 from hopbus.transport.curve import CurveKeys
 
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = SCRIPT_GRACE_S + 3.0
+"""How long a stopped worker gets before SIGKILL: longer than ``hopbus worker``'s own grace for
+its script, so that a script ignoring SIGTERM is killed by its worker, not orphaned."""
 CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
 TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
 LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
@@ -185,6 +188,18 @@ class Outcome:
     failure: str | None = None
     interrupted: bool = False
     warnings: list[str] = field(default_factory=list)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` so that it is never seen half written (a Ctrl-C midway leaves the old
+    file or none): a temporary file beside it, renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _last_line(path: Path) -> str:
@@ -323,6 +338,8 @@ class Launcher:
                     set_status(self.r, self.keys, "stopped")
             raise
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
+            with contextlib.suppress(redis.RedisError):
+                set_status(self.r, self.keys, "failed")
             raise RunFailure(
                 f"run {self.keys.run}: Redis at {redact(self.url)} refused a read of the run's "
                 f"keys ({str(exc)[:200]}): did something else write them?"
@@ -332,9 +349,11 @@ class Launcher:
                 f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
             ) from None
         finally:
-            self.stop_workers()
-            if self.broker is not None:
-                self.broker.stop()
+            try:
+                self.stop_workers()
+            finally:  # a second Ctrl-C during the above still stops the private Redis
+                if self.broker is not None:
+                    self.broker.stop()
 
     def _record_end(self, outcome: Outcome) -> None:
         """The run's recorded status at its end: this launcher ran it, so it says."""
@@ -413,7 +432,7 @@ class Launcher:
                 continue  # look at this exit again once Redis is back
             p.code = code
         if failure is None and stop is not None:
-            failure = stop.decode(errors="replace")
+            failure = read.text(stop, 500) or "stopped (an unreadable reason)"
         done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
         return done, failure
 
@@ -799,7 +818,7 @@ class Watcher(Launcher):
 def _finish(launcher: Launcher) -> Outcome:
     outcome = launcher.run()
     summary = dumps(outcome.summary, indent=2)
-    (launcher.out / "summary.json").write_text(summary + "\n")
+    _write_whole(launcher.out / "summary.json", summary + "\n")
     return outcome
 
 

@@ -258,6 +258,8 @@ class Validator:
             + len(msgpack.packb(listed, use_bin_type=True))
             + len(msgpack.packb(run, use_bin_type=True))
         )
+        self.max_tensors = len(self._expect)
+        """Tensors (frames after the header) in the largest valid message."""
         self.max_tensor_bytes = max((e[4] for e in self._expect), default=0)
         """The largest tensor a valid message carries: whether the model is small."""
         self.max_frame_bytes = max(self.max_header_bytes, self.max_tensor_bytes)

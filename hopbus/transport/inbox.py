@@ -128,6 +128,8 @@ class Inbox:
         # a small model's messages are received as bytes (copied), cheaper than zero-copy
         # frames; a large one's tensors by reference
         self._copy = validator.max_tensor_bytes < COPY_BYTES
+        # a valid message has a header and one frame per tensor; more are not kept in memory
+        self._most_frames = 1 + validator.max_tensors
         self._on_message = on_message
         self._delay = delay
         self._held: list[tuple[float, int, Message]] = []  # (due, arrival order, message)
@@ -283,7 +285,14 @@ class Inbox:
             frames = [sock.recv(_NOBLOCK, copy=copy)]
         except zmq.Again:
             return False
+        most = self._most_frames
         while sock.get(_RCVMORE):  # recv_multipart's loop, without its enum conversions
+            if len(frames) == most:  # more frames than any valid message: drain, keep none
+                while sock.get(_RCVMORE):
+                    sock.recv(_NOBLOCK, copy=False)
+                with self._lock:
+                    self._drops["bad_layout"] += 1
+                return True
             frames.append(sock.recv(_NOBLOCK, copy=copy))
         self._handle(frames)
         return True

@@ -246,6 +246,34 @@ def test_an_inline_inbox_receives_checks_and_delivers_on_the_callers_thread(ctx)
         inbox.close()
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_message_of_a_million_frames_is_one_drop_and_is_never_kept(ctx, inline):
+    # each frame is tiny (under MAXMSGSIZE) and the message counts once against RCVHWM: only
+    # the receiver can refuse it, after the frames a valid message has
+    got = Collector()
+    v = Validator(RUN, N, [1], [], LAYOUT, max_iteration=10_000)
+    inbox = Inbox(ctx, LOCAL, v, got, hwm=1000, inline=inline)
+    inbox.start()
+    hostile = ctx.socket(zmq.PUSH)
+    hostile.connect(inbox.endpoint)
+    try:
+        hostile.send_multipart([b"x"] * 1_000_000)
+        hostile.send_multipart(encode_update(RUN, 1, 0, snapshot(0)), copy=False)
+        deadline = time.monotonic() + DEADLINE_S
+        while not got.messages:
+            assert time.monotonic() < deadline, "the valid update never arrived"
+            if inline:
+                inbox.pump(0.1)
+            else:
+                got.wait_for(lambda ms: len(ms) == 1)
+        assert inbox.drops()["bad_layout"] == 1
+        assert sum(inbox.drops().values()) == 1
+        assert got.messages[0].iteration == 0
+    finally:
+        hostile.close(linger=0)
+        inbox.close()
+
+
 def test_an_inline_inbox_refuses_a_held_link_or_curve(ctx):
     v = Validator(RUN, N, [1], [], LAYOUT, max_iteration=10_000)
     with pytest.raises(ValueError, match="inline"):

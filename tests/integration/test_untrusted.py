@@ -313,3 +313,24 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         cleaned = hopbus("clean", "--run", run, "--redis", server.url)
         assert f"its Redis user hop-{run}" in cleaned.stdout, cleaned.stderr
         assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None
+
+
+def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp_path):
+    """The launcher's reads meet WRONGTYPE: one line, exit 1, and the record says failed, not
+    running. The stop key's text reaches the terminal without its control characters."""
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--iterations", "100000")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    try:
+        wait_for(lambda: client.xlen(keys.progress) > 10, 60, "training to start")
+        client.delete(keys.progress)
+        client.set(keys.progress, "not a stream")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith("hopbus: error:") and "refused a read" in last, last
+    assert client.hget(keys.meta, "status") == b"failed"
+    assert not processes_mentioning(run)

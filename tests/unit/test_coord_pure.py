@@ -80,3 +80,13 @@ def test_figure_titles_are_wrapped_to_fit():
     lines = _fit(long, 4.0, 12).split("\n")
     assert len(lines) > 1 and all(len(x) <= int(4.0 * 72 / (12 * 0.55)) for x in lines)
     assert _fit("short", 10.0, 12) == "short"
+
+
+def test_text_from_redis_cannot_drive_a_terminal():
+    from hopbus.coord import read
+
+    raw = b"\x1b[2J\x1b]0;pwned\x07evil\nsecond line"
+    assert read.text(raw, 500) == " [2J ]0;pwned evil second line"
+    assert read.text("CSI\x9b2J") == "CSI 2J"  # C1 controls too
+    assert read.text("x" * 600, 500) == "x" * 500 + "..."
+    assert read.text(3) is None
