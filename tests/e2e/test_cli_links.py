@@ -1,24 +1,9 @@
 """--slowdown-scope, bandwidths and --message-bytes as a user types them (issue 18)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-
-def hopbus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hopbus", *args],
-        capture_output=True,
-        check=False,
-        text=True,
-        env=full_env,
-        timeout=120,
-    )
+from test_cli import hopbus
 
 
 def test_sim_learns_vgg11_sized_updates_and_slows_whole_workers():
