@@ -11,12 +11,14 @@ Grammar (parts joined by ``+``)::
                               plus their bytes / BW with a bandwidth
     machines:A,B,...@MS[/BW]  the workers sit on machines of A, B, ... workers, in id order
                               (0..A-1 on the first), and each machine reaches the others
-                              through one shared uplink (Sec. 7.3.6): a message to another
+                              through one shared link (Sec. 7.3.6): a message to another
                               machine takes MS milliseconds (plus its bytes / BW) longer for
-                              every message the sending machine puts on its uplink each iteration
+                              every message the busier of its two ends carries each iteration
+                              (the sender's uplink, the receiver's downlink)
 
-A bandwidth BW is a number and a unit per second: ``bit``, ``kbit``, ``Mbit``, ``Gbit`` (bits)
-or ``B``, ``kB``, ``MB``, ``GB`` (bytes), powers of 1000: ``1Gbit`` = ``125MB``. A message's
+A bandwidth BW is a number and a unit per second: ``bit``, ``kbit``, ``Mbit``, ``Gbit`` (bits;
+or ``bps``, ``kbps``, ``Mbps``, ``Gbps``) or ``B``, ``kB``, ``MB``, ``GB`` (bytes), powers of 1000:
+``1Gbit`` = ``1Gbps`` = ``125MB``. A message's
 bytes are its update's parameters (an ACK has none): the real ones where a worker's inbox holds
 it, the run's model's snapshot in the simulator, or ``--message-bytes`` in both
 (``message_delay``).
@@ -32,12 +34,21 @@ Compute only; ``iteration``, everything the worker does in that iteration: its C
 times as long, and so does every message it sends in it (its update, its ACK), from leaving the
 worker to arriving (``message_delay``: F x the message's normal time).
 
-``machines:`` models a shared uplink, not just distance: in an iteration every worker sends to
+``machines:`` models a shared link, not just distance: in an iteration every worker sends to
 every out-neighbour at about the same time, so a machine with k graph edges to other machines
-shares its uplink among k transfers, and each takes k x (MS + bytes / BW) (fair sharing, counted
-once from the graph when the slowdown is bound to it). That is what makes a graph with fewer
-edges between machines (``hierarchical:...``) faster on such a cluster than one with a larger
-spectral gap.
+shares its uplink among k transfers, and one with k edges from other machines shares its
+downlink among k. A message between machines takes k x (MS + bytes / BW), k the larger of its
+sender machine's uplink share and its receiver machine's downlink share (fair sharing, counted
+once from the graph when the slowdown is bound to it; on a two-way graph each machine's
+uplink and downlink carry as many).
+That is what makes a graph with fewer edges between machines (``hierarchical:...``) faster on
+such a cluster than one with a larger spectral gap.
+
+A parameter server (``--mode ps-*``) sits on a machine of its own with the same link as the
+others (the paper's Sec. 7.3.2: "one additional machine as the parameter server"). Every worker
+pushes to it and it answers every worker, so its link carries n messages each way per
+iteration: with snapshots large enough, the server's link is the run's bottleneck
+(``links_graph``).
 
 The cluster applies link delays where a message arrives: the receiver's inbox holds it for the
 extra time before handing it over (``hopbus.transport.inbox``), computed by ``message_delay``
@@ -85,10 +96,11 @@ BANDWIDTH_UNITS = {  # bytes per second of one unit per second
     "MB": 1e6,
     "GB": 1e9,
 }
+BANDWIDTH_UNITS |= {"bps": 1 / 8, "kbps": 1e3 / 8, "Mbps": 1e6 / 8, "Gbps": 1e9 / 8}
 """What a bandwidth may be spelled in: bits or bytes per second, powers of 1000."""
 BANDWIDTH_HELP = (
-    "a number and one of bit, kbit, Mbit, Gbit (bits per second) or B, kB, MB, GB (bytes per "
-    "second), e.g. 1Gbit or 125MB"
+    "a number and one of bit, kbit, Mbit, Gbit (bits per second; also bps, kbps, Mbps, Gbps) "
+    "or B, kB, MB, GB (bytes per second), e.g. 1Gbit or 125MB"
 )
 SIZE_UNITS = {"": 1, "B": 1, "kB": 1000, "MB": 1000**2, "GB": 1000**3}
 SIZE_UNITS |= {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
@@ -96,9 +108,9 @@ SIZE_UNITS |= {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 SIZE_HELP = "a number of bytes, or a number and one of B, kB, MB, GB, KiB, MiB, GiB (e.g. 36.9MB)"
 MAX_MESSAGE_BYTES = 1 << 40
 
-GRAMMAR = (
-    "none | random:F[:P] | fixed:F@W[,W...] | link:MS[/BW]@I-J | machines:A,B,...@MS[/BW], "
-    "joined by '+'"
+GRAMMAR = (  # no word longer than --help's narrowest column (25 characters at 80 wide)
+    "none | random:F[:P] | fixed:F@W[,W..] | link:MS[/BW]@I-J | machines:A,B,..@MS[/BW] "
+    "(parts joined by '+')"
 )
 
 
@@ -186,8 +198,19 @@ def parse(spec: str) -> tuple[Part, ...]:
         elif item == "none":
             raise _bad(spec, "'none' cannot be combined with other parts")
         else:
-            raise _bad(spec, f"cannot read {item!r}")
+            raise _bad(spec, f"cannot read {item!r}{_near_miss(item)}")
     return tuple(parts)
+
+
+def _near_miss(item: str) -> str:
+    """What a part that almost reads most likely lacks, for its error line."""
+    if re.search(rf"{_NUM}\s*ms\b", item, re.IGNORECASE):
+        return ": milliseconds are a bare number (20, not 20ms)"
+    examples = {"link": "link:50@0-1, 50 ms between workers 0 and 1", "machines": "machines:4,4@20"}
+    kind = item.split(":", 1)[0].strip()
+    if kind in examples and "@" not in item:
+        return f": {kind}:... needs its @ part (e.g. {examples[kind]})"
+    return ""
 
 
 def _link_s(spec: str, text: str) -> float:
@@ -216,17 +239,24 @@ def _per_byte(spec: str, text: str | None) -> float:
 def parse_size(text: str | float) -> int:
     """A message size in bytes, from an integer or from ``SIZE_HELP``'s spellings ("36.9MB");
     a ValueError saying what is expected otherwise."""
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, int | float | str):  # a TOML table, a list
         raise ValueError(f"expected {SIZE_HELP}")
     if isinstance(text, int | float):
         value: float = text
+        in_bytes = True
     else:
         m = _AMOUNT.fullmatch(text.strip())
         if m is None or m["unit"] not in SIZE_UNITS:
             raise ValueError(f"expected {SIZE_HELP}")
         value = float(m["x"]) * SIZE_UNITS[m["unit"]]
+        in_bytes = m["unit"] in ("", "B")
+        tiny = 0 <= value < 0.5 and any(d in "123456789" for d in m["x"].lower().split("e")[0])
+        if tiny:  # 1e-400, 1e-7MB: not zero as typed, yet less than a byte
+            raise ValueError(f"{text.strip()!r} is less than a byte: a unit left out?")
     if not 0 <= value <= MAX_MESSAGE_BYTES:  # NaN too
         raise ValueError(f"expected 0 to {MAX_MESSAGE_BYTES} bytes")
+    if in_bytes and value != int(value):  # 1.5 bytes: a unit left out?
+        raise ValueError("not a whole number of bytes: a unit left out? (e.g. 1.5MB)")
     return round(value)
 
 
@@ -251,16 +281,21 @@ class SlowdownModel(Protocol):
 def links_graph(mode: Mode, graph: nx.DiGraph, name: str) -> tuple[nx.DiGraph, str]:
     """The graph a run's bytes travel, which its slowdown is bound to: the topology's, except
     for ring all-reduce, whose bytes go round the ring 0 -> 1 -> ... -> n-1 -> 0 whatever
-    --topology says (gloo's ring, in one direction)."""
-    if mode.family is not Family.ALLREDUCE:
+    --topology says (gloo's ring, in one direction), and for a parameter server's modes, whose
+    bytes go from every worker to the server (node n) and back."""
+    if mode.family not in (Family.ALLREDUCE, Family.PS):
         return graph, name
     import networkx as nx
 
     n = graph.number_of_nodes()
-    ring = nx.DiGraph()
-    ring.add_nodes_from(range(n))
-    ring.add_edges_from((i, (i + 1) % n) for i in range(n) if n > 1)
-    return ring, "the all-reduce ring"
+    links = nx.DiGraph()
+    links.add_nodes_from(range(n))
+    if mode.family is Family.PS:
+        links.add_node(n)
+        links.add_edges_from(e for w in range(n) for e in ((w, n), (n, w)))
+        return links, "the parameter server's links"
+    links.add_edges_from((i, (i + 1) % n) for i in range(n) if n > 1)
+    return links, "the all-reduce ring"
 
 
 def ring_allreduce_s(
@@ -316,6 +351,7 @@ class Heterogeneity:
     _transfer_s: float = field(init=False, default=0.0)
     _uplink_s_per_byte: float = field(init=False, default=0.0)
     _uplink: list[int] = field(init=False, default_factory=list)  # messages out, per machine
+    _downlink: list[int] = field(init=False, default_factory=list)  # messages in, per machine
     _cache: dict[tuple[int, int], tuple[int, list[float]]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -342,6 +378,7 @@ class Heterogeneity:
                 self._transfer_s = part.transfer_s
                 self._uplink_s_per_byte = part.s_per_byte
                 self._uplink = [1] * len(part.sizes)  # until bind() counts the graph's edges
+                self._downlink = [1] * len(part.sizes)
         self._random = [
             (index, part.factor, 1.0 / self.n if part.probability is None else part.probability)
             for index, part in enumerate(self.parts)
@@ -358,6 +395,16 @@ class Heterogeneity:
     def from_spec(cls, spec: str, n: int, seed: int = 0) -> Heterogeneity:
         return cls(parse(spec), n, seed)
 
+    @classmethod
+    def for_run(
+        cls, spec: str, mode: Mode, graph: nx.DiGraph, name: str, seed: int = 0
+    ) -> Heterogeneity:
+        """A run's slowdown: parsed, checked against its mode (``check_mode``) and bound to the
+        graph its bytes travel (``links_graph``). What every driver builds."""
+        het = cls.from_spec(spec, graph.number_of_nodes(), seed)
+        het.check_mode(mode)
+        return het.bind(*links_graph(mode, graph, name))
+
     def _draw(self, part: int, worker: int, iteration: int) -> float:
         block = iteration // _BLOCK
         key = (part, worker)
@@ -369,7 +416,10 @@ class Heterogeneity:
         return hit[1][iteration % _BLOCK]
 
     def factor(self, worker: int, iteration: int) -> float:
-        """How many times slower than normal ``worker`` computes in ``iteration``."""
+        """How many times slower than normal ``worker`` computes in ``iteration`` (1 for a node
+        that is not a worker: a parameter server is never slowed)."""
+        if not 0 <= worker < self.n:
+            return 1.0
         f = self._fixed[worker]
         for part, slow, p in self._random:
             if self._draw(part, worker, iteration) < p:
@@ -378,15 +428,18 @@ class Heterogeneity:
 
     def link_delay(self, src: int, dst: int, nbytes: int = 0) -> float:
         """Extra seconds a message of ``nbytes`` from ``src`` to ``dst`` takes on its emulated
-        links (0 for a node that is not a worker, such as a parameter server); the sender's
-        slowdown does not enter here (``message_delay``)."""
+        links: a ``link:`` part's, plus between machines its share of the busier of the
+        sender's uplink and the receiver's downlink (a parameter server is on a machine of its
+        own once bound to ``links_graph``'s star). The sender's slowdown does not enter here
+        (``message_delay``)."""
         d = 0.0
         link = self._links.get((src, dst))
         if link is not None:
             d = link[0] + nbytes * link[1]
         m = self._machine
-        if m is not None and 0 <= src < self.n and 0 <= dst < self.n and m[src] != m[dst]:
-            d += (self._transfer_s + nbytes * self._uplink_s_per_byte) * self._uplink[m[src]]
+        if m is not None and 0 <= src < len(m) and 0 <= dst < len(m) and m[src] != m[dst]:
+            share = max(self._uplink[m[src]], self._downlink[m[dst]])
+            d += (self._transfer_s + nbytes * self._uplink_s_per_byte) * share
         return d
 
     def machine_of(self, worker: int) -> int | None:
@@ -409,8 +462,9 @@ class Heterogeneity:
 
     def bind(self, graph: nx.DiGraph, topology_name: str) -> Heterogeneity:
         """Tie the slowdown to the run's graph: refuse a ``link:`` part naming two workers that
-        never talk to each other, and count each machine's uplink messages (its graph edges to
-        other machines) for ``machines:``. Returns self."""
+        never talk to each other, and count each machine's uplink and downlink messages (its
+        graph edges to and from other machines) for ``machines:``. A node past the workers
+        (a parameter server: ``links_graph``) gets a machine of its own. Returns self."""
         for a, b in self._links:
             if not (graph.has_edge(a, b) or graph.has_edge(b, a)):
                 raise SlowdownSpecError(
@@ -418,24 +472,43 @@ class Heterogeneity:
                 )
         m = self._machine
         if m is not None:
-            self._uplink = [0] * len(self._uplink)
+            workers = m[: self.n]
+            machines = max(workers) + 1
+            extra = sorted(v for v in graph.nodes if v >= self.n)
+            m = self._machine = workers + list(range(machines, machines + len(extra)))
+            self._uplink = [0] * (machines + len(extra))
+            self._downlink = [0] * (machines + len(extra))
             for u, v in graph.edges:
                 if u != v and m[u] != m[v]:
                     self._uplink[m[u]] += 1
+                    self._downlink[m[v]] += 1
         return self
 
     def check_mode(self, mode: Mode) -> None:
-        """Refuse link delays where hopbus cannot apply them, rather than run without them:
-        a parameter server's workers send only to the server (on no machine of the slowdown).
-        An all-reduce's links are charged after gloo's real transfer (``ring_allreduce_s``)."""
-        why = {
-            Family.PS: "its workers exchange only with the parameter server, on no link of it",
-        }.get(mode.family)
-        if why is not None and self.has_link_delays:
+        """Refuse link delays where hopbus cannot apply them, rather than run without them or
+        charge what the run does not send: a parameter server's workers send only to the
+        server, so a ``link:`` between two workers carries nothing (``machines:`` does: the
+        server is on a machine of its own); wagma's groups change every iteration (a
+        butterfly, and a global average every --sync-period), which no fixed graph's shares
+        describe. An all-reduce's links are charged after gloo's real transfer
+        (``ring_allreduce_s``)."""
+        if mode.family is Family.PS and self._links:
             raise ConfigError(
-                f"--slowdown link:... and machines:... have no meaning with --mode {mode} ({why})"
+                f"--slowdown link:... has no meaning with --mode {mode} (its workers exchange "
+                "only with the parameter server); machines:... puts the server on a machine "
+                "of its own"
+            )
+        if mode.family is Family.WAGMA and self.has_link_delays:
+            raise ConfigError(
+                f"--slowdown link:... and machines:... are not emulated for --mode {mode}: its "
+                "groups change every iteration, so no fixed link shares describe its traffic; "
+                "slow workers (random:, fixed:) apply"
             )
 
     def uplink_messages(self) -> list[int]:
         """Per machine, the messages its uplink carries each iteration (after ``bind``)."""
         return list(self._uplink)
+
+    def downlink_messages(self) -> list[int]:
+        """Per machine, the messages its downlink carries each iteration (after ``bind``)."""
+        return list(self._downlink)

@@ -15,7 +15,7 @@ from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
-from hopbus.coord.client import DEFAULT_URL
+from hopbus.coord.client import DEFAULT_URL, redact
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
@@ -303,7 +303,11 @@ LAUNCH_LEAVES_OUT = (
 )  # fmt: skip
 launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
     parameters=[
-        *(p for p in _TRAIN_PARAMS.parameters.values() if p.name not in LAUNCH_LEAVES_OUT),
+        *(
+            p.replace(annotation=o.LaunchModeOpt) if p.name == "mode" else p
+            for p in _TRAIN_PARAMS.parameters.values()
+            if p.name not in LAUNCH_LEAVES_OUT
+        ),
         inspect.Parameter(
             "command",
             inspect.Parameter.KEYWORD_ONLY,
@@ -622,5 +626,11 @@ def clean_cmd(
     n = clean_run(client, keys)
     from hopbus.coord.acl import delete_user, user_of
 
-    gone = f" and its Redis user {user_of(run)}" if delete_user(client, keys) else ""
+    user = delete_user(client, keys)
+    if n == 0 and not user:  # a mistyped id would otherwise pass for a cleaned run
+        raise ConfigError(
+            f"run {run} has no keys in Redis at {redact(redis or DEFAULT_URL)}: nothing to "
+            "remove (hopbus inspect --list lists its runs)"
+        )
+    gone = f" and its Redis user {user_of(run)}" if user else ""
     print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}{gone}")

@@ -110,7 +110,7 @@ def topology_cmd(
 def sim_cmd(
     workers: o.Workers = None,
     topology: o.TopologyName = None,
-    mode: o.ModeOpt = None,
+    mode: o.SimModeOpt = None,
     backup: o.Backup = None,
     staleness: o.Staleness = None,
     max_ig: o.MaxIg = None,

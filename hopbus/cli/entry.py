@@ -1,11 +1,12 @@
-"""The console script's target. Imports nothing heavy itself, so that a Ctrl-C while typer,
-numpy and networkx are still loading ends quietly like one at any later moment."""
+"""The console script's target. Imports nothing heavy itself, so that a Ctrl-C or SIGTERM while
+typer, numpy and networkx are still loading ends quietly like one at any later moment."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -31,6 +32,10 @@ def exit_interrupted() -> NoReturn:
 
 
 def main() -> None:
+    # SIGTERM while typer, numpy and networkx load ends as Ctrl-C does (130, not the default
+    # action's 143); the commands that start processes install their own handler later
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         from hopbus.cli.main import main as run
 

@@ -28,24 +28,56 @@ def _list_scenarios(console: Console) -> None:
     console.print(t)
 
 
+DROPPED_FIRST = ("counters", "p50 s", "wall s", "spectral", "loss", "wait s/it")
+"""Columns left out, in this order, of a table wider than the terminal (results.json keeps
+them all): a number is never cut short to make room."""
+
+
+def _shown_columns(columns: list[str], rows: list[list[str]], width: int) -> list[int]:
+    """Indexes of the columns that fit ``width`` at their widest cell (counters may fold)."""
+    widest = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    keep = list(range(len(columns)))
+    for name in DROPPED_FIRST:
+        need = sum(20 if columns[i] == "counters" else widest[i] for i in keep)
+        need += 3 * len(keep)  # a column's padding and the space between columns
+        if need <= width or name not in columns:
+            continue
+        keep.remove(columns.index(name))
+    return keep
+
+
 def _show_table(console: Console, results: dict[str, Any]) -> None:
     tab = results["table"]
-    t = Table(
-        title=f"{results['scenario']}: {len(results['runs'])} runs; 'vs ref' = mean iteration "
-        "time / the group's reference run's; loss, acc: test set at the end",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    for col in tab["columns"]:
-        last = col == "counters"
-        left = col in ("group", "run", "status", "counters")
-        t.add_column(col, justify="left" if left else "right", no_wrap=not last, overflow="fold")
-    status = tab["columns"].index("status")
-    styles = {"ok": None, "skipped": "yellow"}
-    for row in tab["rows"]:
-        t.add_row(*row, style=styles.get(row[status], "red"))
     if not console.is_terminal:  # a file or a pipe: keep each row on one line
         console.width = max(console.width, 300)
+    columns, rows = tab["columns"], tab["rows"]
+    keep = _shown_columns(columns, rows, console.width)
+    left_out = [columns[i] for i in range(len(columns)) if i not in keep]
+    more = f" (not shown, too narrow: {', '.join(left_out)}; see results.json)" if left_out else ""
+    t = Table(
+        title=f"{results['scenario']}: {len(results['runs'])} runs; 'vs ref' = mean iteration "
+        f"time / the group's reference run's; loss, acc: test set at the end{more}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    for i in keep:
+        col = columns[i]
+        left = col in ("group", "run", "status", "counters")
+        widest = max([len(col)] + [len(r[i]) for r in rows])
+        folds = col == "counters"
+        t.add_column(
+            col,
+            justify="left" if left else "right",
+            no_wrap=not folds,
+            overflow="fold",
+            min_width=None if folds else widest,
+        )
+    status = columns.index("status")
+    styles = {"ok": None, "skipped": "yellow"}
+    for row in rows:
+        t.add_row(*(row[i] for i in keep), style=styles.get(row[status], "red"))
     console.print(t)
     _show_claims(console, results.get("claims") or [])
 
@@ -71,13 +103,28 @@ def _show_claims(console: Console, claims: list[dict[str, Any]]) -> None:
     console.print(t)
 
 
-def _progress(err: Console) -> tuple[Any, Any]:
-    """Callbacks printing ``[3/16] random-6x ps-bsp ... 4.2 s, 0.05 s/iter, acc 0.950``."""
+def _progress(err: Console) -> tuple[Any, Any, Any]:
+    """Callbacks printing ``[3/16] random-6x ps-bsp ... 4.2 s, 0.05 s/iter, acc 0.950``; in a
+    log or a pipe (no terminal) that line comes in two halves, and between them the run's own
+    progress lines every few seconds, as ``hopbus train`` prints them there."""
+    from hopbus.cli.live import Display
+
+    plain = not err.is_terminal
+    current: list[Display] = []
 
     def start(i: int, n: int, plan: Any) -> None:
         err.print(f"[{i + 1}/{n}] {plan.group} {plan.label} ...", end="", highlight=False)
+        if plain:
+            err.print(highlight=False)
+            current[:] = [Display(err)]  # its own notes and pace for each run
+
+    def update(launcher: Any) -> None:
+        if current:
+            current[0].update(launcher)
 
     def done(i: int, n: int, run: dict[str, Any]) -> None:
+        if plain:
+            err.print(f"[{i + 1}/{n}] {run['group']} {run['label']}:", end="", highlight=False)
         if run["failure"] is not None:
             err.print(f" [red]failed[/]: {run['failure']}", highlight=False, soft_wrap=True)
         elif run.get("skipped") is not None:
@@ -99,7 +146,7 @@ def _progress(err: Console) -> tuple[Any, Any]:
                 stacklevel=2,
             )
 
-    return start, done
+    return start, done, update
 
 
 @app.command("experiment")

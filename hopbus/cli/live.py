@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from hopbus.runtime.launcher import Launcher
 
 ROWS_SHOWN = 32
-PLAIN_EVERY_S = 5.0
+PLAIN_EVERY_S = 5.0  # a progress line at most this often without a terminal (logs, CI)
+PLAIN_SAME_S = 60.0  # and the same line again only after this long (a run that waits)
 
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
@@ -73,6 +74,7 @@ class Display:
         self.console = console
         self.live: Live | None = None
         self._last = 0.0
+        self._said = ("", 0.0, 0.0)  # the last plain progress line, since, last printed
         self._noted = 0  # launcher.notes already printed
         self._launcher: Launcher | None = None
 
@@ -112,9 +114,15 @@ class Display:
         its = [v.iteration for v in rep.views]
         losses = [v.loss for v in rep.views if v.loss is not None]
         loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
-        self.console.print(
+        line = (
             f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
-            f"{launcher.cfg.iterations}{loss}",
-            highlight=False,
-            soft_wrap=True,
+            f"{launcher.cfg.iterations}{loss}"
         )
+        said, since, printed = self._said
+        if line == said and now - printed < PLAIN_SAME_S:
+            return  # nothing moved: a log gets one line a minute, not twelve
+        if line != said:
+            since = now
+        quiet = f" (no progress for {now - since:.0f} s)" if line == said else ""
+        self._said = (line, since, now)
+        self.console.print(line + quiet, highlight=False, soft_wrap=True)

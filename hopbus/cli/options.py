@@ -22,7 +22,7 @@ from hopbus.config import (
     make_config,
 )
 from hopbus.heterogeneity import SlowdownScope
-from hopbus.modes import Approach, Mode
+from hopbus.modes import HOP_MODES, Approach, Family, Mode
 from hopbus.topology import NAMES
 
 PANEL_RUN = "Run"
@@ -57,21 +57,46 @@ Workers = Annotated[int | None, _opt("workers", "-n")]
 TopologyName = Annotated[
     str | None, _opt("topology", "-t", extra=(f"{_TOPOLOGIES}; see `hopbus topology --help`."))
 ]
+_HOP_RULES = (
+    "standard: every in-neighbour's update of this iteration (Fig. 4); notify-ack: standard "
+    "plus ACKs (Sec. 3.3); backup: all but --backup of them (Fig. 8); staleness: each "
+    "neighbour's newest, at most --staleness old (Fig. 9); hybrid: both."
+)
+_PS_SCHEMES = (
+    "ps-bsp, ps-ssp (--staleness), ps-asp, ps-backup (--backup of the --workers), ps-elastic "
+    "(--lookahead)"
+)
+
+
+def _mode_opt(modes: tuple[Mode, ...], extra: str) -> Any:
+    """--mode with the modes a command runs in its help (a refused one still gets the line
+    saying where it runs)."""
+    return _opt("mode", "-m", metavar="<" + "|".join(modes) + ">", extra=extra)
+
+
 ModeOpt = Annotated[
     Mode | None,
-    _opt(
-        "mode",
-        "-m",
-        extra=(
-            "standard: every in-neighbour's update of this iteration (Fig. 4); notify-ack: "
-            "standard plus ACKs (Sec. 3.3); backup: all but --backup of them (Fig. 8); "
-            "staleness: each neighbour's newest, at most --staleness old (Fig. 9); hybrid: both. "
-            "Related schemes (hopbus train), for comparison: ps-bsp, ps-ssp (--staleness), "
-            "ps-asp, ps-backup (--backup of the --workers), ps-elastic (--lookahead), wagma "
-            "(--group-size, --sync-period), allreduce: synchronous SGD, gradients summed by a "
-            "ring all-reduce (torch.distributed, gloo; needs the bench extra); see "
-            "docs/schemes.md."
-        ),
+    _mode_opt(
+        tuple(Mode),
+        _HOP_RULES + " Related schemes, for comparison: " + _PS_SCHEMES + ", wagma "
+        "(--group-size, --sync-period), allreduce: synchronous SGD, gradients summed by a "
+        "ring all-reduce (torch.distributed, gloo; needs the bench extra); see docs/schemes.md.",
+    ),
+]
+SimModeOpt = Annotated[
+    Mode | None,
+    _mode_opt(
+        tuple(m for m in Mode if m.is_hop or m.family is Family.PS),
+        _HOP_RULES + " The parameter server's schemes, for comparison: " + _PS_SCHEMES
+        + ". wagma and allreduce run on the cluster only (hopbus train); see docs/schemes.md.",
+    ),
+]  # fmt: skip
+LaunchModeOpt = Annotated[
+    Mode | None,
+    _mode_opt(
+        HOP_MODES,
+        _HOP_RULES + " A script exchanges its parameters, so the related schemes (ps-*, wagma, "
+        "allreduce) run with hopbus train only.",
     ),
 ]
 Backup = Annotated[
@@ -110,9 +135,11 @@ Slowdown = Annotated[
             "e.g. random:6 (each worker 6x slower with probability 1/n per iteration), "
             "fixed:4@0 (worker 0 4x slower always; below 1 is faster), link:50@0-1 (50 extra "
             "milliseconds per message between workers 0 and 1), link:0.2/1Gbit@0-1 (0.2 ms "
-            "plus the message's bytes at 1 Gbit/s), machines:4,4@0/125MB (two machines, each "
-            "uplink shared by its edges to the other). Bandwidths: bit, kbit, Mbit, Gbit, B, "
-            "kB, MB, GB per second."
+            "plus the message's bytes at 1 Gbit/s), machines:4,4@20/125MB (workers 0-3 on one "
+            "machine, 4-7 on another; a message between machines waits 20 ms, plus its bytes "
+            "at 125 MB/s, for each message the busier of the two machines' links carries in "
+            "an iteration; with ps-* the server on a third). "
+            "Bandwidths: bit, kbit, Mbit, Gbit (or bps .. Gbps), B, kB, MB, GB per second."
         ),
     ),
 ]

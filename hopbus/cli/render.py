@@ -161,20 +161,23 @@ def summary(console: Console, s: dict[str, Any]) -> None:
     )
     if hop:
         qb = s.get("update_queue_bound")
-        rows.append(
-            (
-                "update queue",
-                f"largest {s['max_update_queue']} updates held"
-                + (f" (bound {qb})" if qb is not None else ""),
+        if s["messages"] is None:  # a real run whose reports Redis lost
+            rows.append(("traffic", "unknown: no worker's report reached the summary"))
+        else:
+            rows.append(
+                (
+                    "update queue",
+                    f"largest {s['max_update_queue']} updates held"
+                    + (f" (bound {qb})" if qb is not None else ""),
+                )
             )
-        )
-        rows.append(
-            (
-                "traffic",
-                f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
-                f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+            rows.append(
+                (
+                    "traffic",
+                    f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
+                    f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+                )
             )
-        )
     else:
         counters = (s.get("scheme") or {}).get("counters") or {}
         text = ", ".join(

@@ -115,8 +115,10 @@ class EmbeddedRedis:
     def _wait_ready(self, url: str) -> bool:
         import redis
 
+        from hopbus.coord.client import quick
+
         deadline = time.monotonic() + self.start_timeout
-        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        client = quick(url)
         try:
             while time.monotonic() < deadline:
                 assert self.proc is not None
@@ -136,6 +138,8 @@ class EmbeddedRedis:
             return
         if self.proc.poll() is None:
             self.proc.terminate()
+            with contextlib.suppress(ProcessLookupError):  # a frozen one (SIGSTOP) hears it now
+                self.proc.send_signal(signal.SIGCONT)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

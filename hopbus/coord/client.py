@@ -10,7 +10,6 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import redis
-from redis.commands.core import Script
 
 from hopbus.errors import ConfigError, RunFailure
 
@@ -99,6 +98,17 @@ def attempts(timeout: float) -> Iterator[None]:
         delay = min(delay * 2, 1.0)
 
 
+QUICK_S = 1.0
+"""Seconds a ``quick`` client gives each call: enough for a healthy broker's answer."""
+
+
+def quick(url: str) -> redis.Redis:
+    """A client whose every call gives up after ``QUICK_S`` (not redis-py's 5 s): for probing a
+    broker that may be frozen or gone, and for best-effort writes, so that a handful of calls
+    cannot add up to minutes. Not checked: the first call finds out."""
+    return redis.Redis.from_url(url, socket_connect_timeout=QUICK_S, socket_timeout=QUICK_S)
+
+
 def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
     """A client for ``url`` that has answered PING, retrying with backoff for up to ``timeout``
     seconds (the broker may still be starting, e.g. in docker compose)."""
@@ -133,6 +143,30 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
     ) from None
 
 
+class Lua:
+    """A Lua script no SCRIPT FLUSH can fail, whoever sends it (a broker restart neither):
+    called with EVALSHA, and with EVAL of its source when Redis no longer holds it; queued in a
+    pipeline as EVAL, since a pipeline's SCRIPT LOAD and its EVALSHA are two round trips a
+    flush can fall between (redis-py's ``Script`` retries once, and lost that race to a
+    client flushing every 20 ms). Called like ``Script``: ``(keys=..., args=..., client=...)``."""
+
+    def __init__(self, client: redis.Redis, source: str) -> None:
+        self.script = client.register_script(source)  # its sha, and PinnedScript's fallback
+        self.client = client
+
+    def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
+    ) -> Any:
+        source, sha = self.script.script, self.script.sha
+        if isinstance(client, redis.client.Pipeline):
+            return client.eval(source, len(keys), *keys, *args)
+        target = self.client if client is None else client
+        try:
+            return target.evalsha(sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return target.eval(source, len(keys), *keys, *args)
+
+
 class PinnedScript:
     """A Lua script called on a connection of its own, its command packed in one C call:
     about half the client CPU of ``Script.__call__`` (which takes a pooled connection, packs
@@ -143,27 +177,28 @@ class PinnedScript:
     Errors are the client's: a refusal (``ResponseError``) as it is, a broken connection
     (``ConnectionError``, ``TimeoutError``) once, with the connection dropped and no blind
     retry (the caller checks whether the call went through, as after any lost reply); a
-    script Redis no longer holds (a restart) is loaded again by ``Script``. The connection is
-    the pool's, closed with the client."""
+    script Redis no longer holds (a restart, SCRIPT FLUSH) is sent whole with EVAL, which
+    no flush in between can make fail, and which caches it again for the next EVALSHA. The
+    connection is the pool's, closed with the client."""
 
-    def __init__(self, client: redis.Redis, script: Script) -> None:
+    def __init__(self, client: redis.Redis, lua: Lua) -> None:
         self.client = client
-        self.script = script
-        self.sha = script.sha
+        self.lua = lua
+        self.sha = lua.script.sha
         self._conn: Any = None
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         conn = self._conn
-        if conn is None:  # first call: Script loads it; later calls go straight to EVALSHA
-            result = self.script(keys=keys, args=args)
+        if conn is None:  # first call: as any Lua call; later ones straight to EVALSHA
+            result = self.lua(keys=keys, args=args)
             self._conn = self.client.connection_pool.get_connection()
             return result
         command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
             conn.send_packed_command(_pack(conn, command), check_health=False)
             return conn.read_response()
-        except redis.exceptions.NoScriptError:
-            return self.script(keys=keys, args=args)
+        except redis.exceptions.NoScriptError:  # SCRIPT FLUSH, or a restart: the source itself
+            return self.client.eval(self.lua.script.script, len(keys), *keys, *args)
         except (redis.ConnectionError, redis.TimeoutError):
             conn.disconnect()  # connected again by the next call
             raise

@@ -18,7 +18,7 @@ import msgpack
 import redis
 
 from hopbus.coord import read
-from hopbus.coord.client import PinnedScript
+from hopbus.coord.client import Lua, PinnedScript
 from hopbus.coord.keys import RunKeys
 from hopbus.errors import DeclaredDead
 from hopbus.jsonout import dumps
@@ -400,18 +400,18 @@ class RunControl:
         # the broker instance this process's view of the run is of (broker_id): it marks the
         # worker's state with it, and trusts others' only under the same mark
         self.epoch = ""
-        self._advance = PinnedScript(client, client.register_script(_ADVANCE))  # every iteration
-        self._start = client.register_script(_START)
-        self._declare_dead = client.register_script(_DECLARE_DEAD)
-        self._restore = client.register_script(_RESTORE)
-        self._rebuild = client.register_script(_REBUILD)
-        self._begin_rejoin = client.register_script(_BEGIN_REJOIN)
-        self._claim = client.register_script(_CLAIM)
-        self._commit_rejoin = client.register_script(_COMMIT_REJOIN)
-        self._abort_rejoin = client.register_script(_ABORT_REJOIN)
-        self._beat = client.register_script(_BEAT)
-        self._finish = client.register_script(_FINISH)
-        self._standing = client.register_script(_STANDING)
+        self._advance = PinnedScript(client, Lua(client, _ADVANCE))  # every iteration
+        self._start = Lua(client, _START)
+        self._declare_dead = Lua(client, _DECLARE_DEAD)
+        self._restore = Lua(client, _RESTORE)
+        self._rebuild = Lua(client, _REBUILD)
+        self._begin_rejoin = Lua(client, _BEGIN_REJOIN)
+        self._claim = Lua(client, _CLAIM)
+        self._commit_rejoin = Lua(client, _COMMIT_REJOIN)
+        self._abort_rejoin = Lua(client, _ABORT_REJOIN)
+        self._beat = Lua(client, _BEAT)
+        self._finish = Lua(client, _FINISH)
+        self._standing = Lua(client, _STANDING)
         # 0: the process ``hopbus train`` or compose started; n: the n-th replacement of it
         self.incarnation = 0
         self.floors: dict[int, int] = {}  # out-neighbours' floors, read by the last advance

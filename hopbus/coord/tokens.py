@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import redis
 
+from hopbus.coord.client import Lua
 from hopbus.coord.keys import RunKeys
 from hopbus.topology import Topology
 
@@ -37,7 +38,7 @@ class RedisTokenQueues:
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.r = client
         self.keys = keys
-        self._take_all = client.register_script(_TAKE_ALL)
+        self._take_all = Lua(client, _TAKE_ALL)
 
     def put(self, owner: int, taker: int, count: int = 1, first: int = 0) -> None:
         """``owner`` puts ``count`` tokens (values first, first+1, ...) in TokenQ(owner->taker)."""

@@ -50,6 +50,8 @@ FIGURES = (
     GAP_TIMELINE,
 )
 DPI = 120
+TICK_POINTS = 8  # the iteration-time bars' group labels
+LEGEND_INCHES = 1.8  # what the legend beside the bars takes of the figure's width
 #: Line styles that tell groups apart when runs of several groups share a panel (colour is
 #: the run's label).
 GROUP_STYLES = ("-", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
@@ -164,9 +166,14 @@ def _fit(text: str, inches: float, fontsize: float) -> str:
     return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
-def _group_title(group: str, members: list[dict[str, Any]]) -> str:
+def _group_title(group: str, members: list[dict[str, Any]], inches: float, points: float) -> str:
+    """The group's name, and its slowdown where that is not the name, wrapped (at its '+'
+    first) to ``inches`` at ``points``, so that neighbouring labels never overlap."""
     slowdown = (members[0].get("config") or {}).get("slowdown")
-    return f"{group}\n(slowdown {slowdown})" if slowdown and slowdown != group else group
+    text = group
+    if slowdown and slowdown != group:
+        text += "\n(slowdown " + str(slowdown).replace("+", " + ") + ")"
+    return _fit(text, inches, points)
 
 
 def _finite(x: Any) -> float | None:
@@ -290,7 +297,10 @@ def iteration_time_figure(results: dict[str, Any], path: Path) -> Path:
                     va="bottom",
                     fontsize=7,
                 )
-    ax.set_xticks(range(len(groups)), [_group_title(g, m) for g, m in groups.items()])
+    per_group = (fig_width - LEGEND_INCHES) / max(1, len(groups))
+    ticks = [_group_title(g, m, per_group, TICK_POINTS) for g, m in groups.items()]
+    ax.set_xticks(range(len(groups)), ticks)
+    ax.tick_params(axis="x", labelsize=TICK_POINTS)
     ax.set_xlabel("group (the number over a bar: its time / the group's reference run's)")
     ax.set_ylabel("mean iteration time (s)")
     ax.margins(y=0.2)
@@ -437,10 +447,8 @@ def _group_figure(results: dict[str, Any], series: list[Series], panel: Panel, p
     fig, axes = _new_figure(1.0 + 4.6 * len(groups), 4.4, panels=max(1, len(groups)))
     handles = []
     for ax, (group, members) in zip(axes, groups.items(), strict=False):
-        title = _group_title(group, [results["runs"][i] for i in members])
-        handles.append(
-            draw_panel(ax, panel, [series[i] for i in members], title=_fit(title, 4.4, 10))
-        )
+        title = _group_title(group, [results["runs"][i] for i in members], 4.4, 10)
+        handles.append(draw_panel(ax, panel, [series[i] for i in members], title=title))
     for ax in axes[1:]:
         ax.set_ylabel("")
     finish_panel(list(axes), panel)

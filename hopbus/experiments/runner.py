@@ -30,6 +30,7 @@ RESULTS = "results.json"
 
 OnStart = Callable[[int, int, RunPlan], None]
 OnDone = Callable[[int, int, dict[str, Any]], None]
+OnUpdate = Callable[[Any], None]  # the current run's Launcher, often (hopbus.cli.live.Display)
 
 
 def _now() -> str:
@@ -76,6 +77,7 @@ class Experiment:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError(f"--out {str(out)!r} already exists and is not empty: choose another")
         self.overrides = overrides
+        self._on_update: OnUpdate | None = None
         self.results: dict[str, Any] = {
             "scenario": scenario.name,
             "description": scenario.description,
@@ -99,8 +101,15 @@ class Experiment:
     def runs(self) -> list[dict[str, Any]]:
         return self.results["runs"]
 
-    def run(self, on_start: OnStart | None = None, on_done: OnDone | None = None) -> dict[str, Any]:
-        """Every run in order; returns the results object (also in results.json)."""
+    def run(
+        self,
+        on_start: OnStart | None = None,
+        on_done: OnDone | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> dict[str, Any]:
+        """Every run in order; returns the results object (also in results.json).
+        ``on_update`` is called with the current run's launcher while it runs."""
+        self._on_update = on_update
         from hopbus.coord.broker import EmbeddedRedis
 
         self.out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +166,9 @@ class Experiment:
             try:
                 cfg = make_config({**plan.values, **self.overrides}, cls=TrainConfig)
                 config = cfg.public()
-                _, outcome = train(cfg, run=run_id, out=folder, redis_url=url)
+                _, outcome = train(
+                    cfg, run=run_id, out=folder, redis_url=url, on_update=self._on_update
+                )
                 summary, failure = outcome.summary, outcome.failure
             except KeyboardInterrupt:
                 failure = "interrupted"

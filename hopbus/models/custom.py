@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hopbus.errors import ConfigError
+from hopbus.models.quiet import native_notices_hidden
 
 SCRIPT = "script"
 """The model (and data) of a run whose workers run a user's script (``hopbus launch``): the
@@ -59,24 +60,8 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
         raise ConfigError(f"{flag} {spec!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
     module_name, func = m["module"], m["func"]
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}")
-            loaded = sys.modules.get(path.stem)
-            if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
-                module = loaded  # --model and --data in one file: imported once
-            else:
-                sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work
-                loader_spec = importlib.util.spec_from_file_location(path.stem, path.resolve())
-                assert loader_spec is not None and loader_spec.loader is not None
-                module = importlib.util.module_from_spec(loader_spec)
-                sys.modules[path.stem] = module
-                loader_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path and "" not in sys.path:
-                sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder
-            module = importlib.import_module(module_name)
+        with native_notices_hidden():  # a Keras module imports TensorFlow
+            module = _import(module_name, flag, spec)
     except ConfigError:
         raise
     except ModuleNotFoundError as exc:
@@ -99,6 +84,27 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
     return fn
 
 
+def _import(module_name: str, flag: str, spec: str) -> Any:
+    """The module (a name, or a path to a .py file, imported under its stem)."""
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}")
+        loaded = sys.modules.get(path.stem)
+        if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
+            return loaded  # --model and --data in one file: imported once
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work
+        loader_spec = importlib.util.spec_from_file_location(path.stem, path.resolve())
+        assert loader_spec is not None and loader_spec.loader is not None
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[path.stem] = module
+        loader_spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder
+    return importlib.import_module(module_name)
+
+
 def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> Any:
     """``fn`` called with those of ``offered`` its signature names; its exception as one line."""
     try:
@@ -108,7 +114,8 @@ def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> A
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
     try:
-        return fn(**kwargs)
+        with native_notices_hidden():  # building a Keras model starts TensorFlow's runtime
+            return fn(**kwargs)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | ConfigError):
             raise
@@ -147,7 +154,9 @@ def keras_mode_line(what: str, mode: object) -> str:
     """Why a Keras model (a user's --model, or a script's) cannot train in ``mode``."""
     return (
         f"{what} trains with the Hop modes only (standard, notify-ack, backup, staleness, "
-        f"hybrid): --mode {mode} exchanges gradients or group sums, not a model's parameters"
+        f"hybrid): --mode {mode} moves its bytes with a driver of its own (a parameter "
+        "server's pushes, gloo's all-reduce, wagma's group averages) that a training loop "
+        "joined through hopbus does not run"
     )
 
 

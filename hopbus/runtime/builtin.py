@@ -148,6 +148,7 @@ def fit_keras(ctx: Context, model: Any, data: Dataset) -> dict[str, Any]:
         epochs=math.ceil(cfg.iterations / every),
         validation_data=(x_eval, y_eval) if cfg.eval_every else None,
         callbacks=[callback],
+        shuffle=False,  # the stream draws its own batches; Keras's default warns it ignores it
         verbose=0,
     )
     got = model.evaluate(data.x_test, data.y_test, batch_size=256, verbose=0, return_dict=True)

@@ -29,7 +29,7 @@ from hopbus import __version__
 from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
-from hopbus.coord.client import attempts, check_url, connect, redact
+from hopbus.coord.client import attempts, check_url, connect, quick, redact
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import (
     RunStateError,
@@ -41,7 +41,7 @@ from hopbus.coord.runs import (
 )
 from hopbus.data import load_dataset
 from hopbus.errors import ConfigError, RunFailure
-from hopbus.heterogeneity import Heterogeneity, links_graph
+from hopbus.heterogeneity import Heterogeneity
 from hopbus.jsonout import dumps
 from hopbus.models.custom import SCRIPT, keras_mode_line
 from hopbus.modes import Family, Mode
@@ -68,6 +68,10 @@ from hopbus.transport.curve import CurveKeys
 STOP_GRACE_S = SCRIPT_GRACE_S + 3.0
 """How long a stopped worker gets before SIGKILL: longer than ``hopbus worker``'s own grace for
 its script, so that a script ignoring SIGTERM is killed by its worker, not orphaned."""
+STEADY_S = 1.0
+"""How long Redis must answer every look before a loss starts a new --timeout: a broker (or
+something killing its clients) that answers and drops us again and again ends the run once
+--timeout has passed since it last held, instead of never."""
 CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
 TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
 LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
@@ -122,10 +126,7 @@ def check_inputs(
         )
     Faults.for_worker(0)  # a mistyped HOPBUS_FAULTS is refused before anything starts
     specs = plan(cfg2.protocol_settings(), topo) if cfg2.mode.is_hop else []  # warns once
-    het = Heterogeneity.from_spec(cfg2.slowdown, topo.n, cfg2.seed).bind(
-        *links_graph(cfg2.mode, topo.graph, topo.name)
-    )
-    het.check_mode(cfg2.mode)
+    Heterogeneity.for_run(cfg2.slowdown, cfg2.mode, topo.graph, topo.name, cfg2.seed)
     if script or not load:
         return cfg2, topo, specs
     if cfg2.mode is Mode.ALLREDUCE:  # here, where its workers would run, not in a compose file
@@ -257,6 +258,8 @@ class Launcher:
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.malformed = 0  # progress entries that did not parse
         self.rejected_reports = 0  # final reports in Redis that do not count (read.result)
+        self.broker_gone = False  # Redis did not come back within --timeout: stop asking it
+        self.unanswered: Exception | None = None  # a read of _poll's that Redis did not answer
         self._cut = False  # the progress stream was trimmed before this reader began
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -318,6 +321,7 @@ class Launcher:
 
     def run(self) -> Outcome:
         """The whole run; always stops every process it started before returning or raising."""
+        ended = False  # its end recorded: a Ctrl-C from here on does not make it "stopped"
         try:
             self._start_broker()
             self.out.mkdir(parents=True, exist_ok=True)
@@ -331,11 +335,14 @@ class Launcher:
                 outcome = self._follow(metrics)
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # if it is gone
                 self._record_end(outcome)
+                ended = True
             return outcome
         except KeyboardInterrupt:
-            if self.procs or self.broker is not None:  # a watcher leaves the run's status alone
-                with contextlib.suppress(Exception):
-                    set_status(self.r, self.keys, "stopped")
+            # a watcher leaves the run's status alone, and a recorded end stays
+            if (self.procs or self.broker is not None) and not ended:
+                with contextlib.suppress(Exception):  # a second at most, even if Redis froze
+                    set_status(quick(self.url), self.keys, "stopped")
+                self._resume_hint()
             raise
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
             with contextlib.suppress(redis.RedisError):
@@ -411,12 +418,12 @@ class Launcher:
                 for i in self._lapsed(live, finished):
                     why = f"{self._name(i)}'s replacement: heartbeat gone without a result"
                     failure = failure or self._lose(i, why, gone=False)
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # the next read of the progress stream finds out, and waits for it
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.unanswered = exc  # _follow waits for Redis (_broker_lost) at once
         try:  # a node stopped the run (one it cannot do without died, a model diverged)
             stop = self.r.get(self.keys.stop)
-        except (redis.ConnectionError, redis.TimeoutError):
-            stop = None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.unanswered, stop = exc, None
         for p in self.procs:
             code = p.popen.poll() if p.code is None else None
             if code is None:
@@ -428,7 +435,8 @@ class Launcher:
                     failure = (
                         _why(p, code) if stop else self._lose(p.worker, _why(p, code), gone=True)
                     )
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self.unanswered = exc
                 continue  # look at this exit again once Redis is back
             p.code = code
         if failure is None and stop is not None:
@@ -554,6 +562,8 @@ class Launcher:
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"
         pending: list[Entry] = []
+        unsteady: float | None = None  # when Redis first went away since it last held
+        last_lost = 0.0
         while True:
             interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
             try:
@@ -564,30 +574,63 @@ class Launcher:
                 if pending and self._feed(pending, metrics):
                     pending.clear()
                 done, failure = self._poll()
+                if self.unanswered is not None:  # a read in _poll found Redis away
+                    raise self.unanswered
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                failure = self._broker_lost(exc)
+                self.unanswered = None
+                now = last_lost = time.monotonic()
+                unsteady = now if unsteady is None else unsteady
+                if now - unsteady > self.cfg.timeout:  # it answers, then drops us, again
+                    failure = (
+                        f"Redis at {redact(self.url)} kept dropping the connection for more "
+                        f"than {self.cfg.timeout:g} s ({exc})"
+                    )
+                    break
+                # one note per outage: a broker that keeps dropping us does not flood stderr
+                failure = self._broker_lost(exc, note=now == unsteady)
                 if failure is not None:
                     break
                 continue
+            if unsteady is not None and time.monotonic() - last_lost > STEADY_S:
+                unsteady = None  # looks have gone through for a while: it holds again
             if self.on_update is not None:
                 self.on_update(self)
             if failure is not None or done:
                 break
         try:  # every entry up to the end, a failed run's too: the summary tells it all
-            while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
+            while not self.broker_gone and (
+                entries := read_entries(self.r, self.keys.progress, cursor, count=10_000)
+            ):
                 cursor = entries[-1][0]
                 pending.extend(entries)
             self._feed(pending, metrics, t0=self.t_start)
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # Redis is gone: what was read is what there is
-        return Outcome(self._summary(failure), failure)
+        summary = self._summary(failure)
+        return Outcome(summary, summary.get("failure"))
 
-    def _broker_lost(self, exc: BaseException) -> str | None:
+    def _resume_hint(self) -> None:
+        """After a Ctrl-C that stopped the run: how to go on, where its checkpoints allow."""
+        with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
+            at = newest_complete(self.out / CHECKPOINTS, self.topo.n)
+            if at is not None:
+                print(
+                    f"hopbus: run {self.keys.run} stopped; its checkpoints reach iteration "
+                    f"{at}: hopbus train --resume {self.out} goes on from there",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def _broker_lost(self, exc: BaseException, *, note: bool = True) -> str | None:
         """Redis went away. A private redis-server that died is started again at its address;
         any other is waited for with backoff, up to --timeout. Once it answers, the run's
         record is put back if it was lost (the workers put back their own state). Returns the
-        failure if it does not come back or a worker fails meanwhile."""
-        self.notes.append(f"lost Redis at {redact(self.url)} ({exc}); waiting for it")
+        failure if it does not come back or a worker fails meanwhile. ``note``: say so (the
+        first loss of an outage; the losses that follow it before Redis holds again do not)."""
+        if note:
+            self.notes.append(f"lost Redis at {redact(self.url)} ({exc}); waiting for it")
+        patient, self.r = self.r, quick(self.url)  # a frozen broker costs a second a call
+        deadline = time.monotonic() + self.cfg.timeout
         for _ in attempts(self.cfg.timeout):
             interrupts.check()
             if self.broker is not None and self.broker.died:
@@ -597,17 +640,24 @@ class Launcher:
                 self.r.ping()
                 break
             except (redis.ConnectionError, redis.TimeoutError):
-                _, failure = self._poll()
-                if failure is not None:
-                    return failure
+                if time.monotonic() < deadline:  # its reads may take a second each, too
+                    _, failure = self._poll()
+                    self.unanswered = None
+                    if failure is not None:
+                        return failure
         else:
+            self.broker_gone = True  # the end-of-run reads are skipped: nothing would answer
             return (
                 f"lost Redis at {redact(self.url)} and it did not come back within "
                 f"{self.cfg.timeout:g} s"
             )
-        if not self.r.exists(self.keys.meta):
+        self.r = patient
+        back = "Redis is back"
+        if not self.r.exists(self.keys.meta):  # it restarted empty
             restore_run(self.r, self.keys, self.cfg.public(), __version__)
-        self.notes.append("Redis is back; the workers put back their state")
+            back += "; the run's record is put back, and each worker puts back its own state"
+        if note or not self.notes[-1].startswith("Redis is back"):
+            self.notes.append(back)
         return None
 
     def _reports(self) -> dict[int, dict[str, Any]]:
@@ -660,19 +710,29 @@ class Launcher:
         if self.replay is None:
             self.replay = self._new_replay(self.t_start)
         try:
-            results = self._results()
+            results = {} if self.broker_gone else self._results()
         except (redis.ConnectionError, redis.TimeoutError):  # Redis never came back: what the
             results = {}  # progress stream showed is all there is to summarize
         server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
         live = [i for i in range(self.topo.n) if i not in self.lost]
         finished = failure is None and all("final_accuracy" in results.get(i, {}) for i in live)
+        unreported = [i for i in live if "final_accuracy" not in results.get(i, {})]
+        if failure is None and unreported:  # every process ended well: Redis lost the reports
+            failure = (
+                "every process ended, but Redis holds no final report of "
+                f"{', '.join(self._name(i) for i in unreported[:5])}"
+                f"{' and others' if len(unreported) > 5 else ''} (did it restart empty after "
+                "they finished?); the workers' logs say how they ended"
+            )
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
         token_check = (
             token_invariant_violations(
                 self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
             )
             if finished and self.cfg.mode.is_hop
-            else 0
+            else None  # not looked at: a run that did not finish (queues mid-flight)
+            if not finished
+            else 0  # no token queues to look at
         )
         ends = [r["t"] for r in results.values() if "t" in r]
         wall = (max(ends) - self.replay.t0) if ends and finished else time.time() - self.replay.t0
@@ -991,7 +1051,31 @@ def _resume_folder(target: str) -> Path:
     alt = Path("runs") / target
     if alt.is_dir():
         return alt
-    raise ConfigError(f"--resume {target!r}: no such results folder (nor {alt})")
+    nor = "" if alt == folder else f" (nor {alt})"
+    raise ConfigError(f"--resume {target!r}: no such results folder{nor}")
+
+
+def _finished(folder: Path, workers: int, iterations: int) -> bool:
+    """Whether the results folder records a finished run: its summary.json says so, or (a
+    Ctrl-C between the workers' end and the summary) metrics.jsonl has every worker entering
+    the last iteration. Unreadable files record nothing."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        summary = None
+    if isinstance(summary, dict) and summary.get("finished") is True:
+        return True
+    done: set[int] = set()
+    with contextlib.suppress(OSError), (folder / "metrics.jsonl").open("rb") as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError, RecursionError):
+                e = json.loads(line)
+                if not isinstance(e, dict):
+                    continue
+                w, it = e.get("worker"), e.get("iter")
+                if type(w) is int and type(it) is int and it >= iterations:
+                    done.add(w)
+    return workers > 0 and done >= set(range(workers))
 
 
 def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
@@ -1013,6 +1097,11 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
     with warnings.catch_warnings():  # shown once, by check_inputs, when the run starts
         warnings.simplefilter("ignore")
         _, topo = cfg.build_topology()
+    if _finished(folder, topo.n, cfg.iterations):
+        raise ConfigError(
+            f"--resume {target!r}: the run in {folder} finished (its summary.json or "
+            "metrics.jsonl says so): nothing to resume; start a new run with hopbus train"
+        )
     folder_ck = folder / CHECKPOINTS
     skipped: list[str] = []
     at = newest_complete(folder_ck, topo.n, skipped, full=True)

@@ -29,7 +29,7 @@ from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError, load_config
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
-from hopbus.heterogeneity import Heterogeneity, links_graph
+from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
@@ -153,9 +153,7 @@ class Node:
         self._place()
         self._load_curve()
         self.faults = Faults.for_worker(self.node)
-        self.het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(
-            *links_graph(cfg.mode, topo.graph, topo.name)
-        )
+        self.het = Heterogeneity.for_run(cfg.slowdown, cfg.mode, topo.graph, topo.name, cfg.seed)
         self.control = RunControl(self.r, self.keys, self.node, iterations=cfg.iterations)
         self.control.epoch = self.control.broker_id()  # the broker instance it starts in
 
@@ -349,13 +347,24 @@ class Node:
             late = missing()
             self._check_alive(late, what)
             if now - t0 > self.timeout:
-                raise RunFailure(
-                    f"{self.who} waited {self.timeout:g} s for {what} from "
-                    f"{names(late, self.ps_id)} (alive, but nothing arrived at this node's "
-                    f"inbox, {getattr(self, 'endpoint', '?')}: can they reach it? Else raise "
-                    "--timeout for slow models)"
-                )
+                raise RunFailure(f"{self.who} waited {self.timeout:g} s for {what} from "
+                                 f"{names(late, self.ps_id)} ({self._why_late()})")  # fmt: skip
         return time.monotonic() - t0
+
+    def _why_late(self) -> str:
+        """What a wait that timed out most likely met: emulated links that hold messages
+        longer than --timeout, or peers that cannot reach this node's inbox."""
+        held = getattr(self.inbox, "longest_hold", 0.0)
+        if held > self.timeout / 2:
+            return (
+                f"alive; the emulated links (--slowdown link:/machines:) held a message "
+                f"{held:.3g} s: raise --timeout above what an iteration takes on them"
+            )
+        return (
+            f"alive, but nothing arrived at this node's inbox, "
+            f"{getattr(self, 'endpoint', '?')}: can they reach it? Else raise --timeout for "
+            "slow models"
+        )
 
     def await_delivery(self, timeout_s: float) -> None:
         """Wait, holding ``self.cond``, up to ``timeout_s`` for the inbox to deliver something:

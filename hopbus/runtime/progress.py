@@ -275,7 +275,7 @@ def summarize_run(
     wall_s: float,
     finished: bool,
     runtime_s: float,
-    token_check: int,
+    token_check: int | None,
     update_queue_bound: int | None,
     failure: str | None = None,
 ) -> dict[str, Any]:
@@ -284,8 +284,11 @@ def summarize_run(
     # one entry per worker, in worker order, named even when it never reported (a failed run)
     res = [{"worker": i, **results.get(i, {})} for i in range(topo.n)]
 
-    def total(name: str) -> int:
-        return sum(int(r.get(name, 0)) for r in res)
+    # no report at all (Redis went with them): the counts are unknown, not 0
+    reported = any(len(r) > 1 for r in res)
+
+    def total(name: str) -> int | None:
+        return sum(int(r.get(name, 0)) for r in res) if reported else None
 
     drops: dict[str, int] = {}
     for r in res:
@@ -307,7 +310,9 @@ def summarize_run(
         "failure": failure,
         **progress_summary(replay.stats, replay.monitor),
         "stale_dropped": total("stale_dropped"),
-        "max_update_queue": max((int(r.get("max_update_queue", 0)) for r in res), default=0),
+        "max_update_queue": max((int(r.get("max_update_queue", 0)) for r in res), default=0)
+        if reported
+        else None,
         "update_queue_bound": update_queue_bound,
         "messages": total("messages"),
         "sends_skipped": total("sends_skipped"),
@@ -319,7 +324,9 @@ def summarize_run(
             "store_bound_exceeded": int(
                 update_queue_bound is not None
                 and any(int(r.get("max_update_queue", 0)) > update_queue_bound for r in res)
-            ),
+            )
+            if reported
+            else None,
             "duplicates": total("duplicates"),
             "progress_out_of_order": replay.out_of_order,
         },

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import redis
 
 from hopbus.coord import read
-from hopbus.coord.client import scrub
+from hopbus.coord.client import quick, scrub
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import RedisTokenQueues
@@ -514,8 +514,17 @@ class Worker(Node):
                 self._reconnect(exc)
             except StateLostError:
                 pass
-            if self._restore(advancing):
+            if self._restored(advancing):
                 return None
+
+    def _restored(self, advancing: Advance | None) -> bool:
+        """``_restore``, riding out a Redis that goes away again meanwhile (it is safe to do
+        twice: a second look finds what the first one put back)."""
+        while True:
+            try:
+                return self._restore(advancing)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._reconnect(exc)
 
     def _check_threads(self) -> None:
         """Also, while waiting: has a restarted Redis lost this worker's counter? Then the
@@ -585,7 +594,7 @@ def report_failure(redis_url: str, run: str, worker: int, message: str) -> None:
     """Best effort: put a worker's failure on the run's events stream for ``hopbus inspect``
     (scrubbed of secrets: ``coord.client.scrub``)."""
     with contextlib.suppress(redis.RedisError, ConfigError, OSError, ValueError):
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
+        client = quick(redis_url)
         keys = RunKeys(run)
         if client.exists(keys.meta):  # never create keys for a run that does not exist
             RunControl(client, keys, worker).event("error", message=scrub(message, redis_url))

@@ -2,10 +2,12 @@
 ``hopbus ps`` process runs, driven by a discrete-event loop.
 
 A worker computes for ``compute_time`` x its slowdown factor, its push reaches the server
-``latency`` later (times that factor with ``iteration`` scope: ``message_delay``), the server
-decides at once (it timestamps the push with the virtual clock, as the real one does with its
-own), and a reply reaches the worker ``latency`` later. Gaps and iteration times are measured
-by the same GapMonitor and RunStats as every other run.
+``latency`` later plus what the emulated links charge its bytes (``message_bytes``; all of it
+times that factor with ``iteration`` scope: ``message_delay``), the server decides at once (it
+timestamps the push with the virtual clock, as the real one does with its own), and a reply
+reaches the worker as much later by the same rule (the server is never slowed; with
+``machines:`` it sits on a machine of its own: ``heterogeneity.links_graph``). Gaps and
+iteration times are measured by the same GapMonitor and RunStats as every other run.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class PSSimulation:
         compute_time: float = 1.0,
         latency: float = 0.05,
         scope: SlowdownScope = SlowdownScope.COMPUTE,
+        message_bytes: int = 0,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.topology = topology
@@ -47,10 +50,16 @@ class PSSimulation:
         self.het = heterogeneity
         self.compute_time = compute_time
         self.latency = latency
+        self.message_bytes = message_bytes
         self.on_progress = on_progress
         self.core = make_core(settings)
         self.monitor = GapMonitor(topology, gap_setting)
         self.stats = RunStats(topology.n)
+
+    def _delay(self, src: int, dst: int, iteration: int) -> float:
+        return message_delay(
+            self.het, src, dst, iteration, self.message_bytes, scope=self.scope, base=self.latency
+        )
 
     def run(
         self, until: float | None = None, progress: Callable[[float], None] | None = None
@@ -70,7 +79,7 @@ class PSSimulation:
             computed[w] = dur
             pushed_at[w] = now + dur
             seq += 1
-            push = message_delay(self.het, w, n, it[w], scope=self.scope, base=self.latency)
+            push = self._delay(w, n, it[w])
             heapq.heappush(heap, (now + dur + push, seq, _PUSH, w, 0, 0))
 
         for w in range(n):
@@ -87,7 +96,8 @@ class PSSimulation:
                     version += 1
                 for v, to in d.release:
                     seq += 1
-                    heapq.heappush(heap, (now + self.latency, seq, _REPLY, v, to, version))
+                    at = now + self._delay(n, v, to)
+                    heapq.heappush(heap, (at, seq, _REPLY, v, to, version))
                 continue
             moved = nxt - it[w]
             it[w], tag[w] = nxt, ver
@@ -138,6 +148,7 @@ class PSSimulation:
             counters=counters,
             store_peak=[0] * n,
             store_bound=[None] * n,
+            message_bytes=self.message_bytes or None,
             scheme={
                 "mode": str(self.settings.mode),
                 "family": "ps",

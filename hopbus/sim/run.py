@@ -29,8 +29,7 @@ def prepare(
             f"Hop's modes ({', '.join(HOP_MODES)}) and the parameter server's (ps-*)"
         )
     cfg, topo = cfg.build_topology()
-    het = Heterogeneity.from_spec(cfg.slowdown, topo.n, cfg.seed).bind(topo.graph, topo.name)
-    het.check_mode(cfg.mode)
+    het = Heterogeneity.for_run(cfg.slowdown, cfg.mode, topo.graph, topo.name, cfg.seed)
     if cfg.mode.family is Family.PS:
         ps = PSSimulation(
             topo,
@@ -40,6 +39,7 @@ def prepare(
             compute_time=cfg.compute_time,
             latency=cfg.latency,
             scope=cfg.slowdown_scope,
+            message_bytes=charged_bytes(cfg, het),
             on_progress=on_progress,
         )
         return cfg, ps  # type: ignore[return-value]

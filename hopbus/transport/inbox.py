@@ -133,6 +133,7 @@ class Inbox:
         self._on_message = on_message
         self._delay = delay
         self._held: list[tuple[float, int, Message]] = []  # (due, arrival order, message)
+        self.longest_hold = 0.0  # seconds: what a wait that timed out tells (Node.wait_for)
         self._order = itertools.count()
         reasons = (*DROP_REASONS, UNAUTHENTICATED) if curve is not None else DROP_REASONS
         self._drops = dict.fromkeys(reasons, 0)
@@ -307,6 +308,7 @@ class Inbox:
         self.received += 1
         hold = self._delay(msg) if self._delay is not None else 0.0
         if hold > 0:
+            self.longest_hold = max(self.longest_hold, hold)
             heapq.heappush(self._held, (time.monotonic() + hold, next(self._order), msg))
         else:
             self._on_message(msg)

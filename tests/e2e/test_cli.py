@@ -192,6 +192,18 @@ def test_help_works_everywhere():
     assert "[default: 5]" in hopbus("sim", "--help", env={"COLUMNS": "200"}).stdout
 
 
+def test_each_commands_help_lists_the_modes_it_runs():
+    wide = {"COLUMNS": "300"}
+    hop = "standard|notify-ack|backup|staleness|hybrid"
+    ps = "ps-bsp|ps-ssp|ps-asp|ps-backup|ps-elastic"
+    assert f"<{hop}|{ps}|wagma|allreduce>" in hopbus("train", "--help", env=wide).stdout
+    assert f"<{hop}|{ps}>" in hopbus("sim", "--help", env=wide).stdout
+    assert f"<{hop}>" in hopbus("launch", "--help", env=wide).stdout
+    # a mode a command does not run still gets the line saying where it runs
+    p = hopbus("sim", "--mode", "wagma")
+    assert p.returncode == 2 and "runs on the cluster only (hopbus train)" in p.stderr
+
+
 @pytest.mark.parametrize(
     ("content", "words"),
     [

@@ -35,6 +35,18 @@ def test_train_records_scope_and_size_in_config_toml(tmp_path):
     assert s["message_bytes"] == 2_097_152 and s["config"]["slowdown_scope"] == "iteration"
 
 
+def test_a_link_slower_than_timeout_is_named_as_the_cause(tmp_path):
+    """Not 'nothing arrived: can they reach it?': the message did arrive, and the emulated
+    link held it longer than --timeout."""
+    p = hopbus(
+        "train", "-n", "2", "--topology", "ring", "-k", "5", "--iter-time", "0.001",
+        "--slowdown", "link:3000@0-1", "--timeout", "2", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "held a message 3 s: raise --timeout" in last and "can they reach" not in last
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -116,3 +116,5 @@ def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
     assert p.returncode == 0 and "removed" in p.stdout
     p = hopbus("inspect", "--run", run, "--redis", redis_url)
     assert f"no run {run!r}" in _one_line_error(p, 2)
+    p = hopbus("clean", "--run", run, "--redis", redis_url)  # already gone, or mistyped
+    assert f"run {run} has no keys" in _one_line_error(p, 2)

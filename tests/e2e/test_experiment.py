@@ -101,7 +101,9 @@ def test_schemes_quick_end_to_end(tmp_path):
     assert all(len(row) == len(res["table"]["columns"]) for row in res["table"]["rows"])
     for name in FIGURES:
         assert _is_png(out / name), name
-    assert "[1/4] random-6x standard ... " in p.stderr and "acc 0." in p.stderr
+    # not a terminal: each run's line comes in two halves, the result on a line of its own
+    assert "[1/4] random-6x standard ...\n" in p.stderr
+    assert "[4/4] straggler-4x backup: " in p.stderr and "acc 0." in p.stderr
 
 
 def test_a_failing_run_is_recorded_the_others_run_and_the_status_is_1(tmp_path):

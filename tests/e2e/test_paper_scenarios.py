@@ -35,6 +35,11 @@ def test_random_slowdown_quick_end_to_end(tmp_path):
     p = hopbus("experiment", "random-slowdown", "--quick", "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert "What it must show" in p.stdout and "Traceback" not in p.stderr
+    # no terminal: each run's line in two halves, its own progress lines between them
+    lines = p.stderr.splitlines()
+    first = lines.index("[1/5] ring-based-6x standard ...")
+    assert lines[first + 1].startswith("hopbus: run random-slowdown-standard-ring-based-6x-")
+    assert any(x.startswith("[1/5] ring-based-6x standard: ") for x in lines[first + 1 :])
     res = json.loads((out / "results.json").read_text())
     plans = SCENARIOS["random-slowdown"].runs(True)
     assert [(r["group"], r["label"]) for r in res["runs"]] == [(q.group, q.label) for q in plans]
@@ -115,6 +120,11 @@ def test_paper_cnn_is_the_papers_cnn_setting_and_quick_only_scales_time():
             "staleness",
             "hybrid",
             "allreduce",
+        }
+        # Fig. 13: a BSP parameter server on the same links, without slowdown
+        assert {(p.label, p.values["mode"], p.values["slowdown"]) for p in plans} >= {
+            ("ps-bsp", "ps-bsp", links),
+            ("standard", "standard", links),
         }
         (machines,) = [x for x in heterogeneity.parse(links) if isinstance(x, MachineLinks)]
         assert machines.sizes == (4, 4, 4, 4)

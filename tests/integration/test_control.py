@@ -184,6 +184,45 @@ def test_the_advance_survives_redis_forgetting_its_script(redis_client, alone):
     assert redis_client.get(keys.iter(0)) == b"3"
 
 
+def test_an_advance_after_a_flush_sends_the_script_itself(redis_client, alone):
+    """Fault ``script_flush`` every call (as from a client flushing every 20 ms): the
+    fallback is EVAL of the source, which no flush can land inside, not a SCRIPT LOAD and
+    another EVALSHA that one could."""
+    keys, control = alone
+
+    def calls(name: str) -> int:
+        return redis_client.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0)
+
+    _advance_once(control, 0)
+    evals, loads = calls("eval"), calls("script|load")
+    for k in range(1, 6):
+        redis_client.script_flush()
+        _advance_once(control, k)
+    assert redis_client.get(keys.iter(0)) == b"6"
+    assert calls("eval") - evals == 5 and calls("script|load") == loads
+
+
+def test_every_script_call_survives_a_flush_before_it(redis_client, alone):
+    """Fault ``script_flush`` before each call of the other scripts: a direct one falls back
+    to EVAL, and the heartbeat's pipeline queues EVAL (its SCRIPT LOAD and EVALSHA were two
+    round trips a flush could fall between)."""
+    keys, control = alone
+    hb = Heartbeat(control, 5.0)
+
+    def evalshas() -> int:
+        return redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+    for _ in range(3):
+        redis_client.script_flush()
+        before = evalshas()
+        hb.beat()
+        assert evalshas() == before  # nothing in the pipeline that a flush could fail
+        assert redis_client.exists(keys.hb(0))
+        redis_client.script_flush()
+        counter, current = control.standing()  # EVALSHA meets NOSCRIPT, EVAL answers
+        assert counter and current
+
+
 def test_a_killed_advance_connection_fails_once_then_reconnects(redis_client, alone):
     keys, control = alone
     _advance_once(control, 0)

@@ -374,6 +374,8 @@ def test_resuming_a_curve_run_takes_its_keys_again(redis_url, keys, tmp_path):
     )
     assert first.returncode == 0, first.stderr
     assert "curve = true" in (out / "config.toml").read_text()
+    for record in ("summary.json", "metrics.jsonl"):  # as if killed before its end: a
+        (out / record).unlink()  # finished run is refused
     line = one_error_line(hopbus("train", "--resume", str(out), "--redis", redis_url))
     assert "requires CURVE" in line and "--curve DIR" in line
     again = hopbus(

@@ -134,7 +134,11 @@ def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, scri
         command=[sys.executable, str(script), "overlap"],
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert s["finished"] and s["violations"] == 0 and s["consensus_distance"] < 0.5
+    assert s["finished"] and s["violations"] == 0
+    # without averaging every worker would end at its own id: 1.0. Staleness 5 lets a worker
+    # take up to 5 steps on its own at the end (0.47 from there), so how near the synchronous
+    # 0.1 it ends depends on the machine's load (a loaded CI saw 0.52)
+    assert s["consensus_distance"] < 0.8
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
 
 

@@ -89,3 +89,12 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert not processes_mentioning(run)
     meta = redis.Redis.from_url(redis_url).hgetall(RunKeys(run).meta)
     assert meta[b"status"] == b"finished" and meta[b"resumed_from"] == str(c).encode()
+
+    # a finished run has nothing to resume: refused, and its files stay as they are
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+    assert p.returncode == 2 and "finished" in p.stderr and "nothing to resume" in p.stderr
+    assert _complete_lines(out / "metrics.jsonl") == after
+    # Ctrl-C between the workers' end and the summary: metrics.jsonl tells it finished
+    (out / "summary.json").unlink()
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+    assert p.returncode == 2 and "nothing to resume" in p.stderr, p.stderr

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster import train
 
 from hopbus.cli.options import resolve
@@ -98,3 +99,28 @@ def test_simulator_and_cluster_agree(redis_url, tmp_path):
     # alone (the simulator: 1.34x for this seed)
     for driver in (0, 1):
         assert times["iteration"][driver]["standard"] > times["compute"][driver]["standard"]
+
+
+def test_a_parameter_servers_link_is_the_bottleneck_in_both_drivers(redis_url, tmp_path):
+    """Fig. 13's setting in small: the same two machines and links for a BSP parameter server
+    (on a third machine, whose link carries all 4 pushes and all 4 replies: 8 x 10 ms a step)
+    and for Hop standard (2 messages of 10 ms across each uplink, sent as Compute starts). In
+    both drivers the server's iterations are the slower; the simulator's are 0.03 + 0.08 s."""
+    links = ["--slowdown", "machines:2,2@0/1MB", "--message-bytes", "10kB"]
+    common = [
+        "-n", str(WORKERS), "--topology", "ring", "--iterations", str(ITERATIONS),
+        "--iter-time", str(ITER_TIME), "--seed", "0", "--eval-every", "0", *links,
+    ]  # fmt: skip
+    real: dict[str, float] = {}
+    virtual: dict[str, float] = {}
+    for mode in ("ps-bsp", "standard"):
+        out = tmp_path / mode
+        p, s = train(redis_url, out, *common, "--mode", mode)
+        assert p.returncode == 0, p.stderr
+        assert s["finished"] and s["violations"] == 0
+        sim, _ = simulated(out)
+        assert sim["message_bytes"] == 10_000
+        real[mode], virtual[mode] = s["iter_time_s"]["mean"], sim["iter_time_s"]["mean"]
+    assert virtual["ps-bsp"] == pytest.approx(ITER_TIME + 8 * 0.01)
+    assert virtual["ps-bsp"] > virtual["standard"]
+    assert real["ps-bsp"] > real["standard"], (real, virtual)

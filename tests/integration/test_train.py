@@ -16,6 +16,7 @@ import redis
 from cluster import clean_env, processes_mentioning, train, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
+from hopbus.runtime.checkpoint import newest_complete
 
 MODES = {
     "standard": ["--mode", "standard"],
@@ -77,15 +78,21 @@ def test_default_path_embedded_redis(tmp_path):
 
 
 def test_ctrl_c_stops_everything(redis_url, tmp_path):
-    args, run = train_args(redis_url, tmp_path / "run", "-n", "4", "--iterations", "100000")
+    out = tmp_path / "run"
+    flags = ["-n", "4", "--iterations", "100000", "--checkpoint-every", "20"]
+    args, run = train_args(redis_url, out, *flags)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
-    wait_for(lambda: client.xlen(keys.progress) > 20, 60, "training to start")
+    wait_for(lambda: newest_complete(out / "checkpoints", 4) is not None, 60, "a checkpoint set")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, repr(err)
-    assert err.decode().strip().splitlines()[-1] == "hopbus: interrupted"
+    *_, hint, last = err.decode().strip().splitlines()
+    assert last == "hopbus: interrupted"
+    # how to go on: the set it names is one --resume takes
+    assert hint.startswith(f"hopbus: run {run} stopped; its checkpoints reach iteration ")
+    assert hint.endswith(f"hopbus train --resume {out} goes on from there")
     assert not processes_mentioning(run)
     assert client.hget(keys.meta, "status") == b"stopped"
 

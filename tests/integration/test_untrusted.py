@@ -152,6 +152,8 @@ def test_a_checkpoint_that_holds_nan_is_skipped_saying_so(redis_url, tmp_path):
     bad["W"].reshape(-1)[3] = np.nan
     got.state.params = bad
     checkpoint.save(folder, 1, 40, got.state, run=got.run)
+    for record in ("summary.json", "metrics.jsonl"):  # as if killed before its end: a
+        (out / record).unlink()  # finished run is refused
     p = subprocess.run(
         hopbus_args("train", "--resume", str(out), "--redis", redis_url, "--json"),
         capture_output=True, text=True, env=clean_env(), timeout=180, check=False,

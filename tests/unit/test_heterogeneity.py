@@ -79,9 +79,11 @@ def test_machines_slow_down_the_links_between_them_only():
     assert h.uplink_messages() == [2, 2, 2]
     assert h.link_delay(3, 4) == pytest.approx(0.04)
     rb = Heterogeneity.from_spec("machines:4,2,2@20", n=8).bind(ring_based(8), "ring-based")
-    assert rb.uplink_messages() == [6, 4, 4]
-    assert rb.link_delay(0, 4) == pytest.approx(0.12) and rb.link_delay(4, 0) == pytest.approx(0.08)
-    assert h.link_delay(8, 0) == 0.0  # a parameter server is on no machine
+    assert rb.uplink_messages() == [6, 4, 4] and rb.downlink_messages() == [6, 4, 4]
+    # a message takes the busier end's share: machine 0's uplink out, its downlink in
+    assert rb.link_delay(0, 4) == pytest.approx(0.12) and rb.link_delay(4, 0) == pytest.approx(0.12)
+    assert rb.link_delay(4, 6) == pytest.approx(0.08)
+    assert h.link_delay(8, 0) == 0.0  # no node 8 until bound to a parameter server's links
     assert h.has_link_delays and not Heterogeneity.from_spec("random:6", n=8).has_link_delays
     assert Heterogeneity.from_spec("fixed:2@1", n=4).machine_of(1) is None
 
@@ -91,7 +93,10 @@ def test_machines_slow_down_the_links_between_them_only():
     [
         ("machines:4,0,4@10", "no worker"),
         ("machines:4,4@10+machines:8@1", "only one machines"),
-        ("machines:4,4", "cannot read"),
+        ("machines:4,4", "needs its @ part"),
+        ("machines:4,4@20ms", "milliseconds are a bare number"),
+        ("link:5ms@0-1", "milliseconds are a bare number"),
+        ("link:5", "link:50@0-1, 50 ms between workers 0 and 1"),
     ],
 )
 def test_bad_machines_parts_are_refused(spec, why):
@@ -132,15 +137,36 @@ def test_random_slowdown_rate_is_p_and_draws_are_order_independent():
 @pytest.mark.parametrize("mode", ["ps-bsp", "ps-asp"])
 def test_link_delays_are_refused_where_hopbus_cannot_apply_them(mode):
     topo = Topology.named("complete", 8)
-    for spec in ("link:50@0-1", "machines:4,4@10"):
-        het = Heterogeneity.from_spec(spec, 8).bind(topo.graph, topo.name)
-        with pytest.raises(ConfigError, match=f"no meaning with --mode {mode}"):
-            het.check_mode(Mode(mode))
-    for ok in ("standard", "wagma", "allreduce"):  # inbox holds; the ring's links after gloo
-        Heterogeneity.from_spec("machines:4,4@10", 8).bind(topo.graph, topo.name).check_mode(
-            Mode(ok)
-        )
+    het = Heterogeneity.from_spec("link:50@0-1", 8).bind(topo.graph, topo.name)
+    with pytest.raises(ConfigError, match=f"no meaning with --mode {mode}"):
+        het.check_mode(Mode(mode))
+    for ok in ("standard", "allreduce", mode):  # the server is on a machine of its own
+        Heterogeneity.from_spec("machines:4,4@10", 8).bind(
+            *links_graph(Mode(ok), topo.graph, topo.name)
+        ).check_mode(Mode(ok))
+    for spec in ("machines:4,4@10", "link:5@0-1"):  # wagma's groups change every iteration
+        with pytest.raises(ConfigError, match="not emulated for --mode wagma"):
+            Heterogeneity.from_spec(spec, 8).check_mode(Mode("wagma"))
+    Heterogeneity.from_spec("random:6", 8).check_mode(Mode("wagma"))
     Heterogeneity.from_spec("fixed:4@0", 8).check_mode(Mode(mode))  # compute slowdowns apply
+
+
+def test_a_parameter_servers_link_carries_every_worker_both_ways():
+    """Fig. 13's bottleneck: the server (node n) on a machine of its own, whose link every
+    worker's push and every reply share; it is never slowed, even with iteration scope."""
+    topo = Topology.named("ring-based", 8)
+    graph, name = links_graph(Mode("ps-bsp"), topo.graph, topo.name)
+    assert sorted(graph.successors(8)) == list(range(8)) and name == "the parameter server's links"
+    het = Heterogeneity.from_spec("random:6:1+machines:4,4@0/8Mbit", 8).bind(graph, name)
+    assert het.machine_of(8) == 2
+    assert het.uplink_messages() == [4, 4, 8] and het.downlink_messages() == [4, 4, 8]
+    mb = 1_000_000  # one second on the link alone
+    assert het.link_delay(3, 8, mb) == pytest.approx(8.0) == het.link_delay(8, 3, mb)
+    assert het.link_delay(0, 1, mb) == 0.0  # same machine (and no edge of the star)
+    assert het.factor(8, 5) == 1.0 and het.factor(3, 5) == 6.0
+    it = SlowdownScope.ITERATION
+    assert message_delay(het, 8, 3, 5, mb, scope=it) == pytest.approx(8.0)
+    assert message_delay(het, 3, 8, 5, mb, scope=it) == pytest.approx(48.0)
 
 
 # -- bandwidths, message sizes and the slowdown scope (issue 18) ---------------------------------
@@ -149,6 +175,7 @@ def test_link_delays_are_refused_where_hopbus_cannot_apply_them(mode):
 def test_links_take_a_bandwidth_and_charge_by_the_byte():
     assert parse("link:5/1Gbit@0-1") == (LinkDelay(0.005, 0, 1, 8e-9),)
     assert parse("link:0/125MB@0-1") == (LinkDelay(0.0, 0, 1, 8e-9),)  # 1 Gbit/s in bytes
+    assert parse("link:0/1Gbps@0-1") == (LinkDelay(0.0, 0, 1, 8e-9),)  # as people write it
     assert parse("machines:2,2@1/100Mbit") == (MachineLinks((2, 2), 0.001, 8e-8),)
     h = Heterogeneity.from_spec("link:2/1Mbit@0-1+link:1/1MB@0-1", n=3)  # two links add up
     assert h.charges_bytes and h.has_link_delays
@@ -157,12 +184,13 @@ def test_links_take_a_bandwidth_and_charge_by_the_byte():
     assert not Heterogeneity.from_spec("link:5@0-1", n=2).charges_bytes
 
 
-def test_a_machines_uplink_is_shared_by_the_bytes_of_its_edges():
-    # ring-based on 8 over 4,2,2: machine 0 has 6 edges out, machine 1 four (test above)
+def test_a_machines_links_are_shared_by_the_bytes_of_its_edges():
+    # ring-based on 8 over 4,2,2: machine 0 has 6 edges out and in, machine 1 four (test above)
     rb = Heterogeneity.from_spec("machines:4,2,2@1/8Mbit", n=8).bind(ring_based(8), "ring-based")
     one_mb = 1_000_000
     assert rb.link_delay(0, 4, one_mb) == pytest.approx(6 * (0.001 + 1.0))
-    assert rb.link_delay(4, 0, one_mb) == pytest.approx(4 * (0.001 + 1.0))
+    assert rb.link_delay(4, 0, one_mb) == pytest.approx(6 * (0.001 + 1.0))  # 0's downlink
+    assert rb.link_delay(4, 6, one_mb) == pytest.approx(4 * (0.001 + 1.0))
     assert rb.link_delay(0, 1, one_mb) == 0.0  # inside a machine
     bandwidth_only = Heterogeneity.from_spec("machines:4,4@0/1Gbit", n=8)
     assert bandwidth_only.has_link_delays and bandwidth_only.charges_bytes
@@ -176,7 +204,7 @@ def test_a_machines_uplink_is_shared_by_the_bytes_of_its_edges():
         ("link:5/0Gbit@0-1", "must be above 0"),
         ("link:5/1e-300Gbit@0-1", "below 1 bit per second"),
         ("link:5/Gbit@0-1", "bandwidth 'Gbit'"),
-        ("link:5/1Gbps@0-1", "bandwidth '1Gbps'"),
+        ("link:5/1GBps@0-1", "bandwidth '1GBps'"),
         ("machines:4,4@1/10kb", "bandwidth '10kb'"),
         ("machines:4,4@1/", "bandwidth ''"),
         ("link:/1Gbit@0-1", "cannot read"),
@@ -208,9 +236,15 @@ def test_message_sizes(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("bad", ["", "3q", "1mb", "-1", "1e99", "nan", True])
+@pytest.mark.parametrize("bad", ["", "3q", "1mb", "-1", "1e99", "nan", True, "1e400", "1e300GB"])
 def test_bad_message_sizes(bad):
     with pytest.raises(ValueError, match="expected"):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("bad", ["1.5", "1.5B", 2.5, "1e-400", "1e-7MB", "0.4B"])
+def test_a_fraction_of_a_byte_is_refused_not_rounded(bad):
+    with pytest.raises(ValueError, match="a unit left out"):
         parse_size(bad)
 
 

@@ -140,6 +140,18 @@ def test_a_parameter_server_push_is_slowed_with_its_worker():
     assert iteration["wall_s"] == pytest.approx(3 * 13.0)
 
 
+def test_a_parameter_servers_link_is_shared_by_every_worker():
+    # 4 workers on machines of 2 and 2, the server on a third; 1 MB at 1 MB/s is 1 s alone.
+    # Every push shares the server's link with 3 others (4 s), every reply too: 1 + 8 s a step
+    ps = sim(mode="ps-bsp", slowdown="machines:2,2@0/1MB", message_bytes=1_000_000, iterations=3)
+    assert ps["message_bytes"] == 1_000_000
+    assert ps["wall_s"] == pytest.approx(3 * 9.0)
+    # Hop on a ring of the same machines: 2 messages cross each uplink (2 s each), and each
+    # goes out as its Compute starts: 2 s an iteration
+    hop = sim(slowdown="machines:2,2@0/1MB", message_bytes=1_000_000, iterations=3)
+    assert hop["wall_s"] == pytest.approx(3 * 2.0)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_iteration_scope_with_messages_as_long_as_a_compute(seed):
     """Issue 18: when the whole worker is slowed and a message takes about as long as a Compute,

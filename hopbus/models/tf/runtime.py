@@ -13,6 +13,7 @@ from types import ModuleType
 
 from hopbus.errors import ConfigError
 from hopbus.models.extras import load
+from hopbus.models.quiet import native_notices_hidden
 
 DEVICE_PATTERN = r"auto|cpu|gpu(:[0-9]+)?"
 """``--device``: auto (a GPU if TensorFlow sees one, else the CPU), cpu, gpu (the first), gpu:N."""
@@ -33,7 +34,8 @@ def import_tf(device: str, feature: str) -> tuple[ModuleType, str]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ banners (CUDA, XLA)
     # oneDNN stays on: turning it off (TF_ENABLE_ONEDNN_OPTS=0) silences one start-up notice
     # but makes VGG-11's CPU step 5x slower (0.69 s against 0.14 s per batch of 32 here)
-    tf = load("tensorflow", feature=feature, package="TensorFlow", extra="tf")
+    with native_notices_hidden():  # absl's and oneDNN's start-up lines, which the level misses
+        tf = load("tensorflow", feature=feature, package="TensorFlow", extra="tf")
     tf.get_logger().setLevel(logging.ERROR)  # Python-side warnings (retracing, deprecations)
     logging.getLogger("absl").setLevel(logging.ERROR)
     if device not in _chosen:
