@@ -25,8 +25,8 @@ def test_a_target_reached_by_the_final_evaluation_counts(redis_url, tmp_path):
 
 def test_a_deleted_token_queue_is_named_not_blamed_on_a_timeout(redis_url, tmp_path):
     """Fault ``deleted_token_queue``: TokenQ(0->1) deleted while it holds tokens (worker 1 is
-    the slow one). Worker 1 sees the queue hold fewer tokens than worker 0's counter says
-    and stops the run naming it, long before --timeout."""
+    the slow one; max_ig 5). Worker 1 sees the queue hold fewer tokens than worker 0's counter
+    says and stops the run naming it, long before --timeout."""
     flags = ["-n", "3", "--topology", "complete", "--iterations", "400", "--timeout", "60"]
     flags += ["--iter-time", "0.02", "--slowdown", "fixed:6@1", "--eval-every", "0"]
     args, run = train_args(redis_url, tmp_path / "run", *flags)
@@ -35,8 +35,16 @@ def test_a_deleted_token_queue_is_named_not_blamed_on_a_timeout(redis_url, tmp_p
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
     wait_iteration(client, keys, 1, 10)
+    # Delete it while worker 0 is one iteration ahead (it holds max_ig + 1 tokens), in one
+    # step: deleted at the instant both stand level, it would only ever hold more tokens than
+    # worker 1 needs, and the run would end at the invariant check instead (exit 3).
+    only_when = "if redis.call('LLEN', KEYS[1]) == tonumber(ARGV[1]) then "
+    only_when += "return redis.call('DEL', KEYS[1]) end return 0"
+    deadline = time.monotonic() + 30
+    while not client.eval(only_when, 1, keys.tok(0, 1), 5 + 1):
+        assert time.monotonic() < deadline, "worker 0 never stood one iteration ahead"
+        time.sleep(0.002)  # polling Redis for that moment, not standing in for a sync
     t0 = time.monotonic()
-    client.delete(keys.tok(0, 1))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     assert time.monotonic() - t0 < 30
