@@ -229,7 +229,9 @@ def _per_byte(spec: str, text: str | None) -> float:
     if m is None or unit is None:
         raise _bad(spec, f"bandwidth {text!r} is not {BANDWIDTH_HELP}")
     rate = float(m["x"]) * unit
-    if not rate > 0 or rate == float("inf"):
+    if rate == float("inf"):
+        raise _bad(spec, f"bandwidth {text!r} is not finite: leave out /BW for no bandwidth cost")
+    if not rate > 0:
         raise _bad(spec, f"bandwidth {text!r} must be above 0")
     if rate < MIN_BYTES_PER_S:
         raise _bad(spec, f"bandwidth {text!r} is below 1 bit per second")

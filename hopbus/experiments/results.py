@@ -107,7 +107,8 @@ def time_to_target(run: dict[str, Any]) -> float | None:
 def ratios(runs: list[dict[str, Any]], reference: str | None) -> dict[str, dict[str, Any]]:
     """Per group: each run's mean iteration time over the reference run's. The reference is
     the run labelled ``reference`` when it succeeded, else the group's first run that did
-    (``reference`` in the answer says which); None for runs without a time."""
+    (``reference`` in the answer says which); None for runs without a time, and for a run
+    with nothing to be compared with (the only timed run of its group: ``--only``)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault(r["group"], []).append(r)
@@ -115,7 +116,7 @@ def ratios(runs: list[dict[str, Any]], reference: str | None) -> dict[str, dict[
     for group, members in groups.items():
         timed = [r for r in members if mean_iter_time(r) is not None]
         preferred = [r for r in timed if r["label"] == reference]
-        ref = (preferred or timed or [None])[0]
+        ref = (preferred or timed or [None])[0] if len(timed) > 1 else None
         base = mean_iter_time(ref) if ref is not None else None
         out[group] = {
             "reference": ref["label"] if ref is not None else None,

@@ -72,6 +72,32 @@ STEADY_S = 1.0
 """How long Redis must answer every look before a loss starts a new --timeout: a broker (or
 something killing its clients) that answers and drops us again and again ends the run once
 --timeout has passed since it last held, instead of never."""
+
+
+@dataclass
+class Outage:
+    """The flapping rule, apart from the I/O: an outage starts at the first lost look and
+    lasts until looks have gone through for ``steady`` seconds; a run gives up once one
+    outage has lasted ``timeout`` seconds, however often Redis answered in between."""
+
+    timeout: float
+    steady: float = STEADY_S
+    since: float | None = None  # the first loss of this outage
+    last_lost: float = 0.0
+
+    def lost(self, now: float) -> tuple[bool, bool]:
+        """A look failed at ``now``: (the first loss of an outage, the outage is too long)."""
+        first = self.since is None
+        self.since = now if self.since is None else self.since
+        self.last_lost = now
+        return first, now - self.since > self.timeout
+
+    def answered(self, now: float) -> None:
+        """A look went through at ``now``: the outage ends once they have for ``steady`` s."""
+        if self.since is not None and now - self.last_lost > self.steady:
+            self.since = None
+
+
 CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
 TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
 LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
@@ -562,8 +588,7 @@ class Launcher:
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"
         pending: list[Entry] = []
-        unsteady: float | None = None  # when Redis first went away since it last held
-        last_lost = 0.0
+        outage = Outage(self.cfg.timeout)
         while True:
             interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
             try:
@@ -578,21 +603,19 @@ class Launcher:
                     raise self.unanswered
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self.unanswered = None
-                now = last_lost = time.monotonic()
-                unsteady = now if unsteady is None else unsteady
-                if now - unsteady > self.cfg.timeout:  # it answers, then drops us, again
+                first, too_long = outage.lost(time.monotonic())
+                if too_long:  # it answers, then drops us, again
                     failure = (
                         f"Redis at {redact(self.url)} kept dropping the connection for more "
                         f"than {self.cfg.timeout:g} s ({exc})"
                     )
                     break
                 # one note per outage: a broker that keeps dropping us does not flood stderr
-                failure = self._broker_lost(exc, note=now == unsteady)
+                failure = self._broker_lost(exc, note=first)
                 if failure is not None:
                     break
                 continue
-            if unsteady is not None and time.monotonic() - last_lost > STEADY_S:
-                unsteady = None  # looks have gone through for a while: it holds again
+            outage.answered(time.monotonic())
             if self.on_update is not None:
                 self.on_update(self)
             if failure is not None or done:
@@ -1078,6 +1101,23 @@ def _finished(folder: Path, workers: int, iterations: int) -> bool:
     return workers > 0 and done >= set(range(workers))
 
 
+def _check_writable(folder: Path, target: str) -> None:
+    """Before anything runs: can the resumed run write its results where they go? Found at
+    the end, a run would train to the last iteration and then lose its summary."""
+    for name in ("summary.json", "metrics.jsonl", "logs"):
+        path = folder / name
+        wanted = "a folder" if name == "logs" else "a file"
+        if path.exists() and path.is_dir() != (name == "logs"):
+            raise ConfigError(
+                f"--resume {target!r}: {path} is not {wanted}: the run could not write its "
+                "results there; move it away"
+            )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--resume {target!r}: {folder} is not writable: the run's results go there"
+        )
+
+
 def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
     """``--resume RUN`` (a results folder, or a run id: runs/RUN): the run's settings from its
     config.toml (``timeout`` may override its --timeout), and its newest complete set."""
@@ -1102,6 +1142,7 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
             f"--resume {target!r}: the run in {folder} finished (its summary.json or "
             "metrics.jsonl says so): nothing to resume; start a new run with hopbus train"
         )
+    _check_writable(folder, target)
     folder_ck = folder / CHECKPOINTS
     skipped: list[str] = []
     at = newest_complete(folder_ck, topo.n, skipped, full=True)

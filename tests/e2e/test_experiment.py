@@ -276,18 +276,21 @@ def test_ratios_divide_by_the_reference_or_the_first_run_that_succeeded():
         _record("b", "ps-bsp", 0.5, failure="boom"),
         _record("b", "backup", 0.15),
         _record("c", "ps-bsp", None, failure="no such mode"),
+        _record("d", "ps-bsp", 0.4),  # alone (--only ps-bsp): compared with nothing
     ]
     rat = ratios(runs, "ps-bsp")
     assert rat["a"] == {"reference": "ps-bsp", "mean_iter_time": {"standard": 0.5, "ps-bsp": 1.0}}
     assert rat["b"]["reference"] == "standard"
     assert rat["b"]["mean_iter_time"] == {"standard": 1.0, "ps-bsp": None, "backup": 0.5}
     assert rat["c"] == {"reference": None, "mean_iter_time": {"ps-bsp": None}}
+    assert rat["d"] == {"reference": None, "mean_iter_time": {"ps-bsp": None}}
     tab = table(runs, rat)
     rows = {(r[0], r[1]): dict(zip(tab["columns"], r, strict=True)) for r in tab["rows"]}
     assert rows["a", "ps-bsp"]["vs ref"] == "1.00x (ref)"
     assert rows["a", "standard"]["vs ref"] == "0.50x" and rows["a", "standard"]["status"] == "ok"
     assert rows["b", "ps-bsp"]["status"] == "failed" and rows["b", "ps-bsp"]["vs ref"] == "-"
     assert rows["c", "ps-bsp"]["iter s"] == "-" and rows["c", "ps-bsp"]["loss"] == "-"
+    assert rows["d", "ps-bsp"]["vs ref"] == "-" and rows["d", "ps-bsp"]["iter s"] == "0.4000"
     assert rows["a", "standard"]["iter s"] == "0.2000" and rows["a", "standard"]["wait s/it"] == "-"
 
 

@@ -56,6 +56,13 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert not (out / "summary.json").exists()
     assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"running"
 
+    # fault ``summary_not_writable``: found before anything runs, not after the last iteration
+    (out / "summary.json").mkdir()
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+    assert p.returncode == 2 and "summary.json is not a file" in p.stderr, p.stderr
+    (out / "summary.json").rmdir()
+    assert _complete_lines(out / "metrics.jsonl") == before
+
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=240)
     assert p.returncode == 0, p.stderr
     assert (

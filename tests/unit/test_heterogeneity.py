@@ -202,6 +202,7 @@ def test_a_machines_links_are_shared_by_the_bytes_of_its_edges():
         ("link:5/1gbit@0-1", "bandwidth '1gbit'"),
         ("link:5/@0-1", "bandwidth ''"),
         ("link:5/0Gbit@0-1", "must be above 0"),
+        ("link:5/1e400Gbit@0-1", "is not finite: leave out /BW"),
         ("link:5/1e-300Gbit@0-1", "below 1 bit per second"),
         ("link:5/Gbit@0-1", "bandwidth 'Gbit'"),
         ("link:5/1GBps@0-1", "bandwidth '1GBps'"),
