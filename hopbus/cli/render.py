@@ -134,7 +134,12 @@ def summary(console: Console, s: dict[str, Any]) -> None:
         (
             "status",
             f"{status} after {s['wall_s']:.2f} {unit}"
-            + (f" (simulated in {s['runtime_s']:.2f} s)" if s["virtual"] else ""),
+            + (f" (simulated in {s['runtime_s']:.2f} s)" if s["virtual"] else "")
+            + (
+                f" (resumed from iteration {s['resumed_from']}: times and traffic count from it)"
+                if isinstance(s.get("resumed_from"), int)
+                else ""
+            ),
         )
     )
     per = [p for p in it["per_worker"] if p is not None]

@@ -270,9 +270,9 @@ def claims(scenario_claims: Iterable[Claim], runs: list[dict[str, Any]]) -> list
             "ratio_of": None,
             "op": "==",
             "threshold": 0,
-            "value": len(bad),
+            "value": len(bad) if done else None,
             "holds": not bad if done else None,
-            "note": ", ".join(bad) or None,
+            "note": ", ".join(bad) or (None if done else "no run ran"),
         }
     )
     return out

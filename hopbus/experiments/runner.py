@@ -77,6 +77,7 @@ class Experiment:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise ConfigError(f"--out {str(out)!r} already exists and is not empty: choose another")
         self.overrides = overrides
+        self._refuse_if_no_run_can_start()
         self._on_update: OnUpdate | None = None
         self.results: dict[str, Any] = {
             "scenario": scenario.name,
@@ -96,6 +97,33 @@ class Experiment:
             "ratios": None,
             "claims": None,
         }
+
+    def _refuse_if_no_run_can_start(self) -> None:
+        """Settings that no run of the scenario can take (a ``--set workers=4`` against its
+        ``machines:`` of 8) are bad input: one line and status 2 before anything runs, not a
+        results folder of failed runs. One bad run among good ones is recorded as it fails."""
+        from hopbus.config import TrainConfig, make_config
+        from hopbus.runtime.launcher import check_inputs
+
+        first: str | None = None
+        for plan in self.plans:
+            if plan.needs is not None and importlib.util.find_spec(plan.needs[0]) is None:
+                continue  # skipped, not refused
+            with warnings.catch_warnings():  # each run shows its own when it runs
+                warnings.simplefilter("ignore")
+                try:
+                    check_inputs(
+                        make_config({**plan.values, **self.overrides}, cls=TrainConfig),
+                        load=False,
+                    )
+                except UserError as exc:
+                    first = first or f"{plan.group}/{plan.label}: {exc}"
+                    continue
+            return  # one run can start
+        if first is not None:
+            raise ConfigError(
+                f"no run of {self.scenario.name} can take these settings; first, {first}"
+            )
 
     @property
     def runs(self) -> list[dict[str, Any]]:

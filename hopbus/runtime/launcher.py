@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -181,7 +182,13 @@ def check_inputs(
 
 
 def write_config_toml(path: Path, cfg: TrainConfig) -> None:
-    lines = ["# hopbus train settings of this run: hopbus train --config config.toml"]
+    lines = [
+        "# hopbus launch settings of this run (the script made its model and data; lr,"
+        " batch_size and eval_every are\n# its to use): hopbus launch --config config.toml"
+        " -- COMMAND ARGS..."
+        if cfg.model == SCRIPT
+        else "# hopbus train settings of this run: hopbus train --config config.toml"
+    ]
     for k, v in cfg.public().items():
         if v is None:
             continue
@@ -217,12 +224,12 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def _write_whole(path: Path, text: str) -> None:
+def _write_whole(path: Path, text: str | bytes) -> None:
     """Write ``path`` so that it is never seen half written (a Ctrl-C midway leaves the old
     file or none): a temporary file beside it, renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
@@ -266,6 +273,7 @@ class Launcher:
         self.command = command  # hopbus launch: every worker runs this script
         self.curve = curve.resolve() if curve is not None else None  # the workers' key folder
         self.resume_from = resume_from  # hopbus train --resume: every worker starts there
+        self.t_offset = 0.0  # added to metrics.jsonl's t: a resumed run's time goes on
         self.topo = topo
         self.specs = specs
         self.keys = RunKeys(run)
@@ -348,14 +356,15 @@ class Launcher:
     def run(self) -> Outcome:
         """The whole run; always stops every process it started before returning or raising."""
         ended = False  # its end recorded: a Ctrl-C from here on does not make it "stopped"
+        stopped = False  # by Ctrl-C or SIGTERM: its processes' heartbeats go with them
         try:
             self._start_broker()
             self.out.mkdir(parents=True, exist_ok=True)
             metrics_path = self.out / "metrics.jsonl"
             if self.resume_from is None:
                 write_config_toml(self.out / "config.toml", self.cfg)
-            else:  # the run goes on: its settings stay, its metrics grow
-                _drop_partial_line(metrics_path)
+            else:  # the run goes on: its settings stay, its metrics grow from c
+                self.t_offset = _keep_until(metrics_path, self.resume_from)
             self._begin()
             with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
@@ -368,6 +377,7 @@ class Launcher:
             if (self.procs or self.broker is not None) and not ended:
                 with contextlib.suppress(Exception):  # a second at most, even if Redis froze
                     set_status(quick(self.url), self.keys, "stopped")
+                    stopped = True
                 self._resume_hint()
             raise
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
@@ -384,9 +394,19 @@ class Launcher:
         finally:
             try:
                 self.stop_workers()
+                if stopped and self.broker is None:
+                    self._forget_heartbeats()
             finally:  # a second Ctrl-C during the above still stops the private Redis
                 if self.broker is not None:
                     self.broker.stop()
+
+    def _forget_heartbeats(self) -> None:
+        """After a stop, once its processes have exited: their heartbeats, which would keep
+        the run "running" for hopbus inspect and clean until they expire, go too."""
+        gone = [self.keys.hb(p.worker) for p in self.procs if p.popen.poll() is not None]
+        if gone:
+            with contextlib.suppress(Exception):  # a second at most, even if Redis froze
+                quick(self.url).delete(*gone)
 
     def _record_end(self, outcome: Outcome) -> None:
         """The run's recorded status at its end: this launcher ran it, so it says."""
@@ -557,6 +577,8 @@ class Launcher:
         for _, rec in self._credible(parsed):
             fed = self.replay.feed(rec)
             if fed is not None:
+                if self.t_offset:  # a resumed run's time goes on from where its file ends
+                    fed["t"] = round(fed["t"] + self.t_offset, 6)
                 metrics.write(dumps(fed) + "\n")
         return True
 
@@ -917,6 +939,35 @@ def _checked(
     return checked
 
 
+def _keep_until(path: Path, at: int) -> float:
+    """Before a resumed run appends to metrics.jsonl: keep the entries up to iteration ``at``
+    and drop those of the abandoned continuation beyond it (as its checkpoints are), so
+    that the file holds one timeline. Returns the last kept ``t``, from which the resumed
+    entries' time goes on. Lines that are not entries of an iteration are kept."""
+    _drop_partial_line(path)
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0.0
+    kept: list[bytes] = []
+    last_t = 0.0
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except (ValueError, RecursionError):
+            e = None
+        it = e.get("iter") if isinstance(e, dict) else None
+        if type(it) is int and it > at:
+            continue
+        t = e.get("t") if isinstance(e, dict) else None
+        if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+            last_t = max(last_t, float(t))
+        kept.append(line)
+    if len(kept) < len(lines):
+        _write_whole(path, b"".join(kept))
+    return last_t
+
+
 def _drop_partial_line(path: Path) -> None:
     """A killed launcher may leave metrics.jsonl ending in half a line: cut it off before
     appending, so that every line stays one JSON object."""
@@ -1018,6 +1069,11 @@ def train(
     the run's CURVE key folder (needed with ``cfg.curve``), handed to every process.
     ``command``: hopbus launch's script, run by every worker (``cfg.model`` is then
     ``script``); without it every worker trains the run's own ``--model``."""
+    if command is None and cfg.model == SCRIPT:  # e.g. a launch run's config.toml
+        raise ConfigError(
+            "--model script: these settings are a script's run (hopbus launch); run them with "
+            f"{LAUNCH_USAGE.replace('-n 4 [run flags]', '--config FILE')}"
+        )
     if command is not None:
         if not command:
             raise ConfigError(f"hopbus launch: give the command to run after --: {LAUNCH_USAGE}")

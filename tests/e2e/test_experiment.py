@@ -164,6 +164,11 @@ def test_list_and_no_name_show_the_scenarios():
         (["schemes", "--set", "iterations=many"], "--set: iterations"),
         (["schemes", "--set", "iterations"], "expected KEY=VALUE"),
         (["schemes", "--set", "latency=1"], "not a setting of a real run"),
+        (
+            ["topology", "--quick", "--set", "workers=4"],
+            "no run of topology can take these settings; first, machines-4,2,2/ring-based: "
+            "bad --slowdown: machines of 4+2+2 = 8 workers, but the run has 4",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, args, needle):

@@ -106,6 +106,11 @@ def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
         "tensorboard",
     }
     assert 'model = "script"' in (out / "config.toml").read_text()
+    # the header names the command that runs these settings again, and train refuses them
+    assert "hopbus launch --config config.toml -- COMMAND" in (out / "config.toml").read_text()
+    p = hopbus("train", "--config", str(out / "config.toml"), "--out", str(out / "again"))
+    assert p.returncode == 2 and "these settings are a script's run" in p.stderr, p.stderr
+    assert not (out / "again").exists()
     starts, shards = set(), []
     for i in range(4):
         log = (out / "logs" / f"worker-{i}.log").read_text()

@@ -69,6 +69,9 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
         f"hopbus: resuming run {run} from iteration {c} (checkpoint set of {WORKERS} workers)"
         in p.stderr
     )
+    assert f"resumed from iteration {c}: times and traffic count from it" in " ".join(
+        (p.stdout + p.stderr).split()
+    )
     s = json.loads((out / "summary.json").read_text())
     assert s["finished"] and s["failure"] is None
     assert s["resumed_from"] == c
@@ -80,11 +83,15 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert s["violations"] == 0, s["first_violation"]
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
 
-    # metrics.jsonl kept the first part and grew by the resumed one, which starts at c + 1
+    # metrics.jsonl kept the first part up to c, lost the abandoned continuation beyond it
+    # (as the checkpoints did), and grew by the resumed part, which starts at c + 1 and whose
+    # time goes on from the kept part's: one timeline, for hopbus plot
     after = _complete_lines(out / "metrics.jsonl")
-    assert after[: len(before)] == before
-    resumed = after[len(before) :]
+    kept = [e for e in before if e["iter"] <= c]
+    assert after[: len(kept)] == kept
+    resumed = after[len(kept) :]
     assert len(resumed) == WORKERS * (ITERATIONS - c)
+    assert min(e["t"] for e in resumed) >= max(e["t"] for e in kept)
     for w in range(WORKERS):
         mine = [e["iter"] for e in resumed if e["worker"] == w]
         assert mine == list(range(c + 1, ITERATIONS + 1)), w

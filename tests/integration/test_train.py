@@ -13,7 +13,7 @@ import time
 
 import pytest
 import redis
-from cluster import clean_env, processes_mentioning, train, train_args, wait_for
+from cluster import clean_env, hopbus, processes_mentioning, train, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import newest_complete
@@ -95,6 +95,12 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     assert hint.endswith(f"hopbus train --resume {out} goes on from there")
     assert not processes_mentioning(run)
     assert client.hget(keys.meta, "status") == b"stopped"
+    # its workers' heartbeats went with them: inspect says stopped and clean takes it now,
+    # not once the heartbeats have expired
+    p = hopbus("inspect", "--run", run, "--redis", redis_url)
+    assert p.returncode == 0 and f"run {run} (stopped)" in p.stdout, p.stdout
+    p = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert p.returncode == 0, p.stderr
 
 
 def test_a_worker_that_never_appears_stops_the_run(redis_url, tmp_path):
