@@ -76,12 +76,34 @@ def check_url(url: str) -> None:
             "rediss://... (TLS) or unix:///path/to/socket"
         )
     try:
-        urlsplit(url).port  # noqa: B018
+        parts = urlsplit(url)
+        parts.port  # noqa: B018
     except ValueError:  # never quote the "port": without @host it is the password
         raise ConfigError(
             f"--redis {redact(url)!r}: the host part does not parse (expected "
             "[user:password@]host:port)"
         ) from None
+    allowed = URL_SETTINGS | (TLS_URL_SETTINGS if parts.scheme == "rediss" else frozenset())
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in allowed:
+            why = "is not a setting hopbus takes in the URL"
+            if "timeout" in name:
+                why = "is not for the URL: hopbus sets its own timeouts (--timeout)"
+            elif name in TLS_URL_SETTINGS:
+                why = "is a TLS setting: the URL must start with rediss://"
+            raise ConfigError(
+                f"--redis {redact(url.partition('?')[0])!r}: ?{name[:40]}= {why} (it takes "
+                f"{', '.join(sorted(allowed))})"
+            )
+
+
+URL_SETTINGS = frozenset({"db", "username", "password", "client_name"})
+"""What a --redis URL's query may set; everything else about the connection is hopbus's own
+(its timeouts, bytes replies): redis-py would take anything, and fail later."""
+TLS_URL_SETTINGS = frozenset(
+    {"ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile",
+     "ssl_check_hostname"}
+)  # fmt: skip
 
 
 def attempts(timeout: float) -> Iterator[None]:

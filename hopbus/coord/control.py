@@ -19,7 +19,7 @@ import redis
 
 from hopbus.coord import read
 from hopbus.coord.client import Lua, PinnedScript
-from hopbus.coord.keys import RunKeys
+from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.errors import DeclaredDead
 from hopbus.jsonout import dumps
 
@@ -41,10 +41,12 @@ end
 """
 
 # The one rule for "has worker W finished?", for the scripts that must not act on a forged or
-# stale report: its result parses, says the run's last iteration, which its counter holds, and
-# comes from its current incarnation (hopbus/coord/read.py states the same rule for readers).
+# stale report: its heartbeat holds the finished marker (written with the report, in _FINISH),
+# its result parses, says the run's last iteration, which its counter holds, and comes from its
+# current incarnation (hopbus/coord/read.py states the same rule for readers).
 _FINISHED = """
-local function finished(resultkey, inckey, iterkey, w, total)
+local function finished(hbkey, resultkey, inckey, iterkey, w, total)
+  if redis.call('GET', hbkey) ~= 'FINISHED_MARK' then return false end
   local raw = redis.call('HGET', resultkey, w)
   if not raw then return false end
   local ok, res = pcall(cjson.decode, raw)
@@ -55,7 +57,7 @@ local function finished(resultkey, inckey, iterkey, w, total)
   local inc = tonumber(redis.call('HGET', inckey, w) or '0')
   return tonumber(res['incarnation'] or 0) == inc
 end
-"""
+""".replace("FINISHED_MARK", FINISHED)
 
 # Enter an iteration in one round trip, or say which token queue is short.
 # KEYS: 1 iter, 2 progress, 3 own floor, then nt queues to take from, np queues to put into,
@@ -138,7 +140,7 @@ _DECLARE_DEAD = (
 if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if ARGV[4] ~= '1' and redis.call('HGET', KEYS[8], ARGV[1]) ~= ARGV[8] then return 0 end
-if finished(KEYS[6], KEYS[7], KEYS[5], ARGV[1], ARGV[7]) then return 0 end
+if finished(KEYS[1], KEYS[6], KEYS[7], KEYS[5], ARGV[1], ARGV[7]) then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])
   local it = redis.call('GET', KEYS[5]) or '0'
@@ -253,7 +255,9 @@ _BEGIN_REJOIN = (
     + """
 local stop = redis.call('GET', KEYS[5])
 if stop then return 'the run was stopped: ' .. string.sub(stop, 1, 500) end
-if finished(KEYS[6], KEYS[8], KEYS[9], ARGV[1], ARGV[6]) then return 'it already finished' end
+if finished(KEYS[1], KEYS[6], KEYS[8], KEYS[9], ARGV[1], ARGV[6]) then
+  return 'it already finished'
+end
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
   return 'it is not dead (its heartbeat is live, or the run has not declared it dead yet)'
 end

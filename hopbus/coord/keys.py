@@ -12,7 +12,7 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:tok:I:J | list | TokenQ(I->J): tokens worker J takes from I (values: iterations) |
 | hop:{R}:progress | stream | one entry per iteration change (worker, iter, jump, loss, ...) |
 | hop:{R}:events | stream | start, finish, error, crash, stop, restore, rejoining, rejoin |
-| hop:{R}:hb:I | string + TTL | worker I's heartbeat |
+| hop:{R}:hb:I | string + TTL | worker I's heartbeat; ``finished`` (no TTL) once it reported |
 | hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
 | hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
 | hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
@@ -34,6 +34,11 @@ import re
 from dataclasses import dataclass
 
 from hopbus.errors import ConfigError
+
+FINISHED = "finished"
+"""A node's heartbeat key once it is done: written with its final report in one step (and
+kept without a TTL), so a report counts only beside it (coord/read.result): a report written
+by anything else, even while the worker's counter stands at the last iteration, does not."""
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from hopbus.coord.keys import FINISHED
+
 MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
 
 
@@ -105,11 +107,16 @@ def int_list(raw: Any, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
-def result(raw: Any, *, counter: Any, incarnation: Any, iterations: int) -> dict[str, Any] | None:
+def result(
+    raw: Any, *, counter: Any, incarnation: Any, iterations: int, beat: Any
+) -> dict[str, Any] | None:
     """A worker's final report, if it is one: a JSON object whose ``iterations`` is the run's
     (every worker finishes there), equal to the worker's counter in Redis, from the worker's
-    current incarnation (none recorded: the process that started with the run). Anything else
-    (forged, left by a replaced process, half-written) is None."""
+    current incarnation (none recorded: the process that started with the run), beside its
+    heartbeat ``beat`` set to ``keys.FINISHED`` (the report's own script writes both). Anything
+    else (forged, left by a replaced process, half-written) is None."""
+    if text(beat, 40) != FINISHED:
+        return None
     obj = json_object(raw)
     if obj is None:
         return None

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from hopbus.coord.keys import RunKeys, run_of_key
+from hopbus.coord.keys import FINISHED, RunKeys, run_of_key
 from hopbus.errors import UserError
 
 
@@ -130,7 +130,7 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     finished = sum(
         read.result(
             results.get(str(i).encode()), counter=counters[i],
-            incarnation=incarnations.get(str(i).encode()), iterations=iterations,
+            incarnation=incarnations.get(str(i).encode()), iterations=iterations, beat=beats[i],
         ) is not None
         for i in range(workers)
     )  # fmt: skip
@@ -138,7 +138,7 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "finished"
     if stopped:
         return "failed"
-    if any(b is not None and b != b"finished" for b in beats):
+    if any(b is not None and read.text(b, 40) != FINISHED for b in beats):
         return "running"
     if recorded == "stopped":
         return recorded

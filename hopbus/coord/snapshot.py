@@ -13,7 +13,7 @@ import redis
 
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
-from hopbus.coord.keys import RunKeys
+from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import RunStateError, run_status
 from hopbus.coord.tokens import queue_sizes, token_edges
 
@@ -64,7 +64,7 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
         beat = read.finite_number(hb)
         if hb is None:
             state = "gone" if iters[i] is not None else "not started"
-        elif hb == b"finished":
+        elif read.text(hb, 40) == FINISHED:
             state = "finished"
         elif beat is not None and ttl and ttl > 0:
             state = f"alive ({(now_ms - beat) / 1000:.1f} s ago)"
@@ -116,12 +116,17 @@ def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str,
         "progress": _entries(client.xrevrange(keys.progress, count=last)) if last else [],
         "progress_entries": client.xlen(keys.progress),
         "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
-        "results": _results(client, keys, cfg, n, iters),
+        "results": _results(client, keys, cfg, n, iters, [rest[3 * i] for i in range(n)]),
     }
 
 
 def _results(
-    client: redis.Redis, keys: RunKeys, cfg: TrainConfig, n: int, iters: list[int | None]
+    client: redis.Redis,
+    keys: RunKeys,
+    cfg: TrainConfig,
+    n: int,
+    iters: list[int | None],
+    beats: list[Any],
 ) -> dict[str, Any]:
     """The final reports that count (coord/read.py), by node id as a string."""
     raw = client.hgetall(keys.result)
@@ -135,7 +140,11 @@ def _results(
             read.json_object(v)
             if i == n
             else read.result(
-                v, counter=iters[i], incarnation=incarnations.get(k), iterations=cfg.iterations
+                v,
+                counter=iters[i],
+                incarnation=incarnations.get(k),
+                iterations=cfg.iterations,
+                beat=beats[i],
             )
         )
         if got is not None:

@@ -4,7 +4,9 @@
 endpoint (as a process that never comes up) and worker 3 die abruptly when it is about to enter
 iteration 10 (as a crash: no cleanup, no message). ``3:crash_joining`` makes a replacement for
 worker 3 (``hopbus worker --rejoin``) die the same way once it has announced itself, before it
-is back in the run. ``hopbus train`` passes the variable on to its workers. Unknown names are
+is back in the run. ``3:hang_before_report`` makes worker 3 hang after its last iteration,
+before it publishes its final report (its heartbeat beating on: the gap a forged report would
+use). ``hopbus train`` passes the variable on to its workers. Unknown names are
 refused, so a typo cannot silently test nothing.
 """
 
@@ -17,14 +19,15 @@ from dataclasses import dataclass
 from hopbus.errors import ConfigError
 
 ENV = "HOPBUS_FAULTS"
-NAMES = ("never_register", "crash_at", "hang_at", "crash_joining")
-FLAGS = ("never_register", "crash_joining")  # names without an iteration
+NAMES = ("never_register", "crash_at", "hang_at", "crash_joining", "hang_before_report")
+FLAGS = ("never_register", "crash_joining", "hang_before_report")  # without an iteration
 
 
 @dataclass(frozen=True)
 class Faults:
     never_register: bool = False
     crash_joining: bool = False
+    hang_before_report: bool = False
     crash_at: int | None = None
     hang_at: int | None = None
 
@@ -43,6 +46,10 @@ class Faults:
 
     def before_register(self) -> None:
         if self.never_register:
+            threading.Event().wait()  # until the process is stopped
+
+    def before_report(self) -> None:
+        if self.hang_before_report:
             threading.Event().wait()  # until the process is stopped
 
     def while_joining(self) -> None:

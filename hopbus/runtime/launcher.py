@@ -288,7 +288,7 @@ class Launcher:
         self.lost: dict[int, str] = {}  # workers the run went on without, and why they died
         self.rejoined: set[int] = set()  # lost workers a replacement took the place of
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
-        self._missing: set[int] = set()  # no heartbeat and no result at the previous look
+        self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.malformed = 0  # progress entries that did not parse
         self.rejected_reports = 0  # final reports in Redis that do not count (read.result)
@@ -383,10 +383,7 @@ class Launcher:
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
             with contextlib.suppress(redis.RedisError):
                 set_status(self.r, self.keys, "failed")
-            raise RunFailure(
-                f"run {self.keys.run}: Redis at {redact(self.url)} refused a read of the run's "
-                f"keys ({str(exc)[:200]}): did something else write them?"
-            ) from None
+            raise RunFailure(f"run {self.keys.run}: {self._refused(exc)}") from None
         except redis.RedisError as exc:
             raise RunFailure(
                 f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
@@ -407,6 +404,12 @@ class Launcher:
         if gone:
             with contextlib.suppress(Exception):  # a second at most, even if Redis froze
                 quick(self.url).delete(*gone)
+
+    def _refused(self, exc: redis.ResponseError) -> str:
+        return (
+            f"Redis at {redact(self.url)} refused a read of the run's keys "
+            f"({read.text(str(exc), 200)}): did something else write them?"
+        )
 
     def _record_end(self, outcome: Outcome) -> None:
         """The run's recorded status at its end: this launcher ran it, so it says."""
@@ -477,10 +480,8 @@ class Launcher:
             try:
                 if code != 0 and self._superseded(p.worker):
                     self.notes.append(_why(p, code))  # e.g. it woke from a freeze, dead
-                elif code != 0 and failure is None:  # once stopped, its own line says why
-                    failure = (
-                        _why(p, code) if stop else self._lose(p.worker, _why(p, code), gone=True)
-                    )
+                elif code != 0 and failure is None and not stop:  # once stopped: the stop's
+                    failure = self._lose(p.worker, _why(p, code), gone=True)  # reason, below
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self.unanswered = exc
                 continue  # look at this exit again once Redis is back
@@ -500,12 +501,16 @@ class Launcher:
         return names([node], self.topo.n if self.cfg.mode.family is Family.PS else None)
 
     def _lapsed(self, nodes: set[int], finished: set[int]) -> list[int]:
-        """Those of ``nodes`` seen without a heartbeat and without a result at this look and at
-        the one before (twice in a row: a restarted Redis puts heartbeats back within one)."""
+        """Those of ``nodes`` seen without a heartbeat and without a result at every look for
+        a whole renewal period (--heartbeat / 3) and at two looks at least: a live node puts
+        its heartbeat back within one period, whether a restarted Redis lost it or something
+        deleted it."""
+        now = time.monotonic()
         gone = {i for i in nodes if i not in finished and not self.r.exists(self.keys.hb(i))}
-        lapsed = sorted(gone & self._missing)
-        self._missing = gone
-        return lapsed
+        seen = {i: self._missing.get(i) for i in gone}
+        self._missing = {i: now if t is None else t for i, t in seen.items()}
+        period = self.cfg.heartbeat / 3
+        return sorted(i for i, t in seen.items() if t is not None and now - t >= period)
 
     def _sync_membership(self) -> None:
         """Follow the run's dead set and incarnations: a worker that entered the dead set died
@@ -623,6 +628,13 @@ class Launcher:
                 done, failure = self._poll()
                 if self.unanswered is not None:  # a read in _poll found Redis away
                     raise self.unanswered
+            except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
+                from hopbus.coord.control import RunControl
+
+                failure = self._refused(exc)
+                with contextlib.suppress(redis.RedisError):  # every node stops with the run
+                    RunControl(self.r, self.keys, -1).stop_run(failure)
+                break
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self.unanswered = None
                 first, too_long = outage.lost(time.monotonic())
@@ -649,8 +661,8 @@ class Launcher:
                 cursor = entries[-1][0]
                 pending.extend(entries)
             self._feed(pending, metrics, t0=self.t_start)
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # Redis is gone: what was read is what there is
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+            pass  # Redis is gone, or the stream is not one any more: what was read is all
         summary = self._summary(failure)
         return Outcome(summary, summary.get("failure"))
 
@@ -715,7 +727,8 @@ class Launcher:
         pipe.hgetall(self.keys.result)
         pipe.mget([self.keys.iter(i) for i in range(n)])
         pipe.hgetall(self.keys.incarnation)
-        raw, counters, incarnations = pipe.execute()
+        pipe.mget([self.keys.hb(i) for i in range(n)])
+        raw, counters, incarnations, beats = pipe.execute()
         out: dict[int, dict[str, Any]] = {}
         bad = 0
         for k, v in raw.items():
@@ -725,7 +738,7 @@ class Launcher:
             elif i is not None and i < n:
                 got = read.result(
                     v, counter=counters[i], incarnation=incarnations.get(str(i).encode()),
-                    iterations=self.cfg.iterations,
+                    iterations=self.cfg.iterations, beat=beats[i],
                 )  # fmt: skip
             else:
                 got = None
@@ -856,19 +869,27 @@ class Launcher:
 class Watcher(Launcher):
     """Follows a run whose processes were started elsewhere (docker compose, other hosts):
     the same replay, metrics.jsonl and summary as ``hopbus train``, but it starts nothing.
-    Done when every node has published a result that counts; a node's error event, or its
-    heartbeat gone without a result, is a lost node as for ``hopbus train`` (the run goes on
-    without it where the mode can, else it fails); failed once the run is stopped. It never
+    Done when every node has published a result that counts; a node whose heartbeat is gone
+    without a result is a lost node as for ``hopbus train`` (the run goes on without it where
+    the mode can, else it fails), and its error event, if it posted one, says why; failed once
+    the run is stopped. It never
     changes a finished run's status, and otherwise records what the run's keys say."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._events = "0-0"
+        self._said: dict[int, str] = {}  # a node's error event: why, once its heartbeat is gone
 
     def _start_broker(self) -> None:
         assert self.redis_url is not None
         self.url = self.redis_url
         self.r = connect(self.url, timeout=min(10.0, self.cfg.timeout))
+
+    def _refused(self, exc: redis.ResponseError) -> str:
+        return (
+            f"Redis at {redact(self.url)} refused a read of the run's keys "
+            f"({read.text(str(exc), 200)}): did something else write them?"
+        )
 
     def _record_end(self, outcome: Outcome) -> None:
         """What the run's keys say (``run_status``); a finished run stays finished."""
@@ -904,16 +925,16 @@ class Watcher(Launcher):
             assert rec is not None  # events always parse (leniently)
             who = rec.get("worker")
             if rec.get("kind") == "error" and who is not None and 0 <= who <= n:
-                why = f"{self._name(who)}: {rec.get('message') or 'failed'}"
-                failure = self._lose(who, why, gone=True) if who not in done else None
-                if failure is not None:
-                    return False, failure
+                # anything that can write the stream can write this: it says why a node is
+                # gone once its heartbeat is, and never makes a live one gone
+                self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
         stop = self.r.get(self.keys.stop)
         if stop is not None:
             return False, read.text(stop, 500) or "stopped"
         registered = read.ids(self.r.hkeys(self.keys.addr), n + 1)
-        for i in self._lapsed(registered - set(self.lost), done):
-            failure = self._lose(i, f"{self._name(i)}: heartbeat gone without a result", gone=False)
+        for i in self._lapsed((registered | set(self._said)) - set(self.lost), done):
+            why = self._said.get(i) or f"{self._name(i)}: heartbeat gone without a result"
+            failure = self._lose(i, why, gone=False)
             if failure is not None:
                 return False, failure
         self._sync_membership()  # declared by its neighbours, or replaced

@@ -26,7 +26,7 @@ import zmq
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
-from hopbus.coord.keys import RunKeys
+from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import RunStateError, load_config
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
@@ -39,7 +39,6 @@ from hopbus.transport.inbox import link_hold
 from hopbus.transport.outbox import COPY_BYTES
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
-FINISHED = "finished"  # the heartbeat key's value once a node is done (kept without TTL)
 
 
 def log(line: str) -> None:
@@ -276,6 +275,14 @@ class Node:
         return out
 
     def _check_threads(self) -> None:
+        """While waiting: what the inbox and heartbeat threads found (subclasses add looks
+        at Redis)."""
+        self._check_flags()
+
+    def _check_flags(self) -> None:
+        """What the inbox and heartbeat threads found, without any I/O: cheap enough for every
+        iteration, so that a worker that never waits still stops with the run within a
+        heartbeat period."""
         if self.inbox is not None and self.inbox.error is not None:
             raise self.inbox.error
         hb = self.heartbeat
@@ -346,6 +353,12 @@ class Node:
             self._check_threads()
             late = missing()
             self._check_alive(late, what)
+            if now - t0 > self.timeout and not late:  # e.g. a dead set written by hand
+                raise RunFailure(
+                    f"{self.who} waited {self.timeout:g} s for {what}, which only workers "
+                    f"declared dead ({self.keys.dead}) could send: it cannot go on without "
+                    "them (docs/faults.md)"
+                )
             if now - t0 > self.timeout:
                 raise RunFailure(f"{self.who} waited {self.timeout:g} s for {what} from "
                                  f"{names(late, self.ps_id)} ({self._why_late()})")  # fmt: skip
@@ -414,6 +427,7 @@ class Node:
         """The result for the launcher's summary; the heartbeat becomes 'finished' (no TTL).
         Not from a process declared dead or replaced while it computed its last steps."""
         assert self.r is not None
+        self.faults.before_report()
         if self.heartbeat is not None:
             self.heartbeat.stop()
             self.heartbeat.beat()  # the counters' last values

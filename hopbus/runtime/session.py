@@ -467,8 +467,8 @@ class Session:
         n = self.node
         line = f"worker {n.worker} diverged in iteration {self.iteration}: {what} ({self.hint})"
         with contextlib.suppress(redis.RedisError):
-            n.control.event("diverged", iteration=self.iteration, what=what)
-            n.control.stop_run(line)
+            if n.control.stop_run(line) == line:  # the run's failure names this worker: so
+                n.control.event("diverged", iteration=self.iteration, what=what)  # does its record
         raise Diverged(line)
 
     def _advance(self, eff: Advance) -> None:

@@ -245,6 +245,7 @@ class Worker(Node):
         short queue's next token (BLPOP, looking around every LOOK_S) and try again. Time spent
         waiting for tokens is added to the progress entry's ``wait_s``. A dead owner's queue no
         longer binds (protocol/membership.py): the Lua call skips it once it is declared."""
+        self._check_flags()  # the run stopped, or this process declared dead: go no further
         need = dict.fromkeys(eff.take_from, eff.count)
         floors_of = self.spec.out_peers if self.spec.settings.send_check else ()
         waited = 0.0

@@ -128,6 +128,13 @@ def test_a_mistyped_url_never_echoes_its_password():
         f"redis://hopbus:{PASSWORD}@127.0.0.1:port/0",
         f"redis://127.0.0.1:1/0?password={PASSWORD}&socket_timeout=x",
         f"rediss://hopbus:{PASSWORD}@127.0.0.1:1/0?ssl_cert_reqs=maybe",
+        # fault ``url_query``: settings redis-py takes and fails on later (or that break
+        # hopbus: text replies) are refused before any connection
+        f"redis://hopbus:{PASSWORD}@127.0.0.1:1/0?decode_responses=1",
+        f"redis://127.0.0.1:1/0?password={PASSWORD}&foo=bar",
+        "redis://127.0.0.1:1/0?socket_timeout=nan",
+        "redis://127.0.0.1:1/0?ssl_cert_reqs=none",
+        "redis://127.0.0.1:1/0?single_connection_client=1",
     ):
         p = hopbus("inspect", "--list", HOPBUS_REDIS=url)
         assert p.returncode == 2, (url, p.stderr)

@@ -333,6 +333,121 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
         proc.kill()
     assert proc.returncode == 1, err
     last = err.decode().strip().splitlines()[-1]
-    assert last.startswith("hopbus: error:") and "refused a read" in last, last
+    # the launcher's read, or a worker's script, meets it first: either says Redis refused
+    said = ("refused a read of the run's keys", "WRONGTYPE")
+    assert last.startswith("hopbus: error:") and any(x in last for x in said), last
     assert client.hget(keys.meta, "status") == b"failed"
     assert not processes_mentioning(run)
+    s = strict((tmp_path / "run" / "summary.json").read_text())  # what was read is kept
+    assert any(x in s["failure"] for x in said) and not s["finished"]
+
+
+def test_a_report_forged_before_the_real_one_counts_for_nobody(redis_url, redis_client, tmp_path):
+    """Fault ``forged_final_report``: worker 0 has entered the last iteration and hangs before
+    its final report (``hang_before_report``): its counter says the last iteration and its
+    heartbeat beats on, the gap a report forged early would slip through. The forged report
+    is nobody's: inspect neither shows it nor calls the run finished, and hopbus train does
+    not end the run with it."""
+    flags = ["-n", "2", "--topology", "ring", "--iterations", "30", "--iter-time", "0.01"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags, "--eval-every", "0")
+    env = clean_env(HOPBUS_FAULTS="0:hang_before_report")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    keys = RunKeys(run)
+    try:
+        wait_iteration(redis_client, keys, 0, 30)
+        wait_for(lambda: redis_client.get(keys.hb(1)) == b"finished", 60, "worker 1's report")
+        forged = {"worker": 0, "iterations": 30, "final_accuracy": 0.123, "final_loss": 9.99}
+        redis_client.hset(keys.result, "0", json.dumps(forged))
+        p = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
+        snap = json.loads(p.stdout)
+        assert snap["status"] == "running" and set(snap["results"]) == {"1"}, snap["results"]
+        assert proc.poll() is None  # the launcher, looking every 0.2 s, did not take it either
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+
+
+def test_workers_that_never_wait_still_stop_with_the_run(redis_url, redis_client):
+    """Fault ``stop_key``: the run's stop key set by hand while its workers (no launcher, two
+    of them at the same pace) rarely wait for anything: each sees it within a heartbeat
+    period at its next iteration, not only in a wait, and exits 1 saying why."""
+    run = f"stopkey{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "3000", "--iter-time", "0.005", "--eval-every", "0", "--heartbeat", "2",
+                     "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 1, 50)
+    redis_client.set(keys.stop, "stopped by hand")
+    for w in workers:
+        _, err = w.communicate(timeout=60)
+        assert w.returncode == 1, err
+        assert "stopped with the run: stopped by hand" in err, err
+    assert max(int(redis_client.get(keys.iter(i))) for i in range(2)) < 3000
+
+
+def test_watch_is_not_fooled_by_a_forged_error_or_a_deleted_heartbeat(
+    redis_url, redis_client, tmp_path
+):
+    """Faults ``forged_error_event`` and ``deleted_heartbeat``: an error event that no worker
+    posted, and a live worker's heartbeat deleted (it puts it back within a renewal period).
+    hopbus watch of that standard run, where a lost worker would end it, sees it finish."""
+    run = f"forgederr{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "150", "--iter-time", "0.02", "--eval-every", "0", "--heartbeat", "2",
+                     "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    watch = subprocess.Popen(
+        hopbus_args("watch", "--run", run, "--out", str(tmp_path / "w"), "--json"), env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 0, 20)
+    redis_client.xadd(keys.events, {"kind": "error", "worker": 0, "message": "boom"})
+    redis_client.delete(keys.hb(1))
+    for w in workers:
+        _, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+    out, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["lost_workers"] == [] and s["iterations"]["min"] == 150
+    assert redis_client.hget(keys.meta, "status") == b"finished"
+
+
+def test_a_dead_set_written_by_hand_is_named_by_the_worker_left_waiting(redis_url, redis_client):
+    """Fault ``forged_dead``: worker 0 put in the run's dead set by hand, in a standard run.
+    Worker 0 leaves (it is declared dead); worker 1, left waiting for what only a dead worker
+    could send, says so after --timeout instead of blaming "alive" workers it does not name."""
+    run = f"forgeddead{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "3000", "--iter-time", "0.01", "--eval-every", "0", "--timeout", "4",
+                     "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 1, 20)
+    redis_client.sadd(keys.dead, 0)
+    errs = [w.communicate(timeout=60)[1] for w in workers]
+    assert workers[1].returncode == 1, errs[1]
+    (line,) = error_lines(errs[1])
+    assert f"which only workers declared dead ({keys.dead}) could send" in line, line
