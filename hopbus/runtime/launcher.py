@@ -31,7 +31,7 @@ from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact
-from hopbus.coord.keys import RunKeys
+from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
     clean_run,
@@ -403,7 +403,11 @@ class Launcher:
         gone = [self.keys.hb(p.worker) for p in self.procs if p.popen.poll() is not None]
         if gone:
             with contextlib.suppress(Exception):  # a second at most, even if Redis froze
-                quick(self.url).delete(*gone)
+                client = quick(self.url)
+                beats = client.mget(gone)  # a finished node's marker stays: its report counts
+                stale = [k for k, b in zip(gone, beats, strict=True) if read.text(b) != FINISHED]
+                if stale:
+                    client.delete(*stale)
 
     def _refused(self, exc: redis.ResponseError) -> str:
         return (
@@ -430,7 +434,6 @@ class Launcher:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
         (a process of it still alive would write into the same folder: refuse then), and
         delete the keys it left in Redis (none with a private redis-server)."""
-        from hopbus.runtime.node import FINISHED
 
         hb = [self.keys.hb(i) for i in range(self.topo.n + 1)]  # + a parameter server's
         not_live = (None, FINISHED.encode())
