@@ -25,6 +25,7 @@ from hopbus.errors import ConfigError, RunFailure
 from hopbus.models import build_model
 from hopbus.models.custom import is_callable_spec, is_keras_model
 from hopbus.runtime import checkpoint
+from hopbus.runtime.checkpoint import CheckpointError
 from hopbus.runtime.compute import Trainer, eval_subset
 from hopbus.runtime.node import redis_failures
 from hopbus.runtime.worker import Worker
@@ -96,7 +97,14 @@ class Checkpoints:
                 f"--resume-from {c}: run {node.keys.run} has iterations 0..{cfg.iterations}"
             )
         got = checkpoint.load(self.folder, node.worker, c, layout_of(trainer.params))
-        trainer.load_state(got.state)
+        try:
+            trainer.load_state(got.state)
+        except CheckpointError as exc:  # e.g. a position for another number of rows
+            path = checkpoint.path_of(self.folder, node.worker, c)
+            raise CheckpointError(
+                f"checkpoint {path}: {exc}; remove the set of iteration {c} to resume from an "
+                "older one"
+            ) from None
         node.start_at = c
 
     def save(self, k: int, params: Any) -> None:

@@ -154,8 +154,8 @@ class Trainer:
             try:
                 self.batches.load_state(state.order, state.stream)
             except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
-                why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
-                raise CheckpointError(f"checkpoint's minibatch position: {why}") from None
+                why = str(exc) if isinstance(exc, ValueError) else "malformed"
+                raise CheckpointError(f"its minibatch position is unusable ({why})") from None
         self._grads = None
 
     def adopt(self, params: Params) -> None:

@@ -194,3 +194,27 @@ def test_a_malformed_minibatch_position_is_one_line(tmp_path):
         bad = WorkerState(state.params, state.optimizer, order, stream)
         with pytest.raises(CheckpointError, match="minibatch position"):
             trainer.load_state(bad)
+
+
+@pytest.mark.parametrize(
+    ("order", "stream"),
+    [
+        (np.array([0, 1, 1, 3, 4]), {"pos": 2, "epoch": 1, "rng": {}}),  # not a permutation
+        (np.arange(5), {"pos": 9, "epoch": 1, "rng": {}}),  # past its rows
+        (np.arange(5), {"epoch": 1, "rng": {}}),  # no position
+        (np.arange(5), {"pos": 2, "epoch": 1, "rng": "x"}),  # no generator state
+    ],
+)
+def test_a_set_whose_position_cannot_be_resumed_is_passed_over_for_an_older_one(
+    tmp_path, order, stream
+):
+    """Fault ``bad_position``: a newer set whose minibatch position is well-formed JSON but
+    not a position: a resume takes the older set, saying which file it passed over."""
+    save_all(tmp_path, range(2), 10)
+    save_all(tmp_path, range(2), 20)
+    good = state()
+    ck.save(tmp_path, 1, 20, WorkerState(good.params, good.optimizer, order, stream), run="r1")
+    skipped: list[str] = []
+    assert ck.newest_complete(tmp_path, 2, skipped, full=True) == 10
+    assert skipped and str(ck.path_of(tmp_path, 1, 20)) in skipped[0]
+    assert "malformed minibatch position" in skipped[0]
