@@ -434,7 +434,6 @@ class Launcher:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
         (a process of it still alive would write into the same folder: refuse then), and
         delete the keys it left in Redis (none with a private redis-server)."""
-
         hb = [self.keys.hb(i) for i in range(self.topo.n + 1)]  # + a parameter server's
         not_live = (None, FINISHED.encode())
         deadline = time.monotonic() + self.cfg.heartbeat + 1.0  # the heartbeats' longest TTL
