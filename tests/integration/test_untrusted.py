@@ -171,6 +171,20 @@ def _start(redis_url: str, tmp_path: Path, *flags: str):
     return proc, run, RunKeys(run)
 
 
+def _two_workers(redis_url: str, run: str, *flags: str) -> list[subprocess.Popen]:
+    """``hopbus create`` of a 2-worker ring run, and its two ``hopbus worker`` processes (no
+    launcher: what the run's keys say is all anyone goes by)."""
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--eval-every",
+                     "0", *flags, "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    return [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+
+
 def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_client, tmp_path):
     """Faults ``forged_progress`` and ``forged_report``: entries that no worker wrote (a
     malformed one, one far ahead, one claiming the future) and a final report for every
@@ -374,16 +388,8 @@ def test_workers_that_never_wait_still_stop_with_the_run(redis_url, redis_client
     of them at the same pace) rarely wait for anything: each sees it within a heartbeat
     period at its next iteration, not only in a wait, and exits 1 saying why."""
     run = f"stopkey{os.getpid()}"
-    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
-                     "3000", "--iter-time", "0.005", "--eval-every", "0", "--heartbeat", "2",
-                     "--redis", redis_url)  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]  # fmt: skip
+    flags = ["--iterations", "3000", "--iter-time", "0.005", "--heartbeat", "2"]
+    workers = _two_workers(redis_url, run, *flags)
     keys = RunKeys(run)
     wait_iteration(redis_client, keys, 1, 50)
     redis_client.set(keys.stop, "stopped by hand")
@@ -401,19 +407,12 @@ def test_watch_is_not_fooled_by_a_forged_error_or_a_deleted_heartbeat(
     posted, and a live worker's heartbeat deleted (it puts it back within a renewal period).
     hopbus watch of that standard run, where a lost worker would end it, sees it finish."""
     run = f"forgederr{os.getpid()}"
-    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
-                     "150", "--iter-time", "0.02", "--eval-every", "0", "--heartbeat", "2",
-                     "--redis", redis_url)  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]  # fmt: skip
+    flags = ["--iterations", "150", "--iter-time", "0.02", "--heartbeat", "2"]
+    workers = _two_workers(redis_url, run, *flags)
     watch = subprocess.Popen(
-        hopbus_args("watch", "--run", run, "--out", str(tmp_path / "w"), "--json"), env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        hopbus_args("watch", "--run", run, "--out", str(tmp_path / "w"), "--json"),
+        env=clean_env(HOPBUS_REDIS=redis_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
     keys = RunKeys(run)
     wait_iteration(redis_client, keys, 0, 20)
@@ -434,16 +433,8 @@ def test_a_dead_set_written_by_hand_is_named_by_the_worker_left_waiting(redis_ur
     Worker 0 leaves (it is declared dead); worker 1, left waiting for what only a dead worker
     could send, says so after --timeout instead of blaming "alive" workers it does not name."""
     run = f"forgeddead{os.getpid()}"
-    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
-                     "3000", "--iter-time", "0.01", "--eval-every", "0", "--timeout", "4",
-                     "--redis", redis_url)  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]  # fmt: skip
+    flags = ["--iterations", "3000", "--iter-time", "0.01", "--timeout", "4"]
+    workers = _two_workers(redis_url, run, *flags)
     keys = RunKeys(run)
     wait_iteration(redis_client, keys, 1, 20)
     redis_client.sadd(keys.dead, 0)
