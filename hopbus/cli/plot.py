@@ -182,7 +182,8 @@ def plot_cmd(
 
     * **bottom left, mean iteration time per worker**: a worker's time of its last iteration
     change / the iterations it advanced, jumped-over ones included (the summary's
-    iter_time_s.per_worker).
+    iter_time_s.per_worker; of a resumed run, over the whole run, where the summary counts
+    from the iteration it resumed from).
 
     * **bottom right, iteration gap over time**: after each iteration change, the largest
     iteration minus the smallest over the workers started so far (a step line); dashed, the
