@@ -54,8 +54,9 @@ def _show_table(console: Console, results: dict[str, Any]) -> None:
     keep = _shown_columns(columns, rows, console.width)
     left_out = [columns[i] for i in range(len(columns)) if i not in keep]
     more = f" (not shown, too narrow: {', '.join(left_out)}; see results.json)" if left_out else ""
+    n = len(results["runs"])
     t = Table(
-        title=f"{results['scenario']}: {len(results['runs'])} runs; 'vs ref' = mean iteration "
+        title=f"{results['scenario']}: {n} run{'s' * (n != 1)}; 'vs ref' = mean iteration "
         f"time / the group's reference run's; loss, acc: test set at the end{more}",
         title_justify="left",
         box=box.SIMPLE_HEAD,

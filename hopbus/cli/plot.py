@@ -109,7 +109,7 @@ def _experiment(path: Path, group: str | None) -> tuple[list[Any], str]:
             _no_metrics(s.name, path / r["folder"], r)
     scenario = results.get("scenario") or path.name
     shown = "every group (line style: group)" if several else f"group {runs[0]['group']}"
-    return series, f"{scenario}: {shown}, {len(runs)} runs"
+    return series, f"{scenario}: {shown}, {len(runs)} run{'s' * (len(runs) != 1)}"
 
 
 def _run(path: Path, group: str | None) -> tuple[list[Any], str]:

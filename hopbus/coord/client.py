@@ -83,18 +83,36 @@ def check_url(url: str) -> None:
             f"--redis {redact(url)!r}: the host part does not parse (expected "
             "[user:password@]host:port)"
         ) from None
-    allowed = URL_SETTINGS | (TLS_URL_SETTINGS if parts.scheme == "rediss" else frozenset())
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in allowed:
-            why = "is not a setting hopbus takes in the URL"
-            if "timeout" in name:
-                why = "is not for the URL: hopbus sets its own timeouts (--timeout)"
-            elif name in TLS_URL_SETTINGS:
-                why = "is a TLS setting: the URL must start with rediss://"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.scheme != "unix":
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
             raise ConfigError(
-                f"--redis {redact(url.partition('?')[0])!r}: ?{name[:40]}= {why} (it takes "
-                f"{', '.join(sorted(allowed))})"
+                f"--redis {redact(url.partition('?')[0])!r}: the database after the port must "
+                "be a number (redis://host:port/0)"
             )
+        if db and any(n == "db" and v != db for n, v in query):
+            raise ConfigError(
+                f"--redis {redact(url.partition('?')[0])!r}: the path says database {db} and "
+                "?db= another: give it once"
+            )
+    allowed = URL_SETTINGS | (TLS_URL_SETTINGS if parts.scheme == "rediss" else frozenset())
+    shown = (re.sub(r"[^\w.-]", "?", n[:40]) for n, _ in query)  # never a control character
+    bad = [n for n in dict.fromkeys(shown) if n not in allowed]
+    if bad:
+        one = len(bad) == 1
+        if all(n in TLS_URL_SETTINGS for n in bad):
+            why = "TLS settings" if not one else "a TLS setting"
+            why += ": the URL must start with rediss://"
+        elif all("timeout" in n for n in bad):
+            why = "not for the URL: hopbus sets its own timeouts"
+        else:
+            why = "not a setting" if one else "not settings"
+            why += " hopbus takes in the URL"
+        raise ConfigError(
+            f"--redis {redact(url.partition('?')[0])!r}: {', '.join(f'?{n}=' for n in bad)} "
+            f"{'is' if one else 'are'} {why} (it takes {', '.join(sorted(allowed))})"
+        )
 
 
 URL_SETTINGS = frozenset({"db", "username", "password", "client_name"})

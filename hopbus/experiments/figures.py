@@ -208,13 +208,19 @@ def run_series(
     linestyle: Any = "-",
 ) -> Series:
     """A run folder's series: its metrics.jsonl, the end of its test-loss curve (``wall_s``,
-    ``final_loss``, from the summary unless given) and its gap bound. ``colour`` None: the
-    palette's first, as a lone run gets in an experiment."""
+    ``final_loss``, from the summary unless given; a resumed run's wall_s counts from the
+    resume, which metrics.jsonl's time reaches at ``resumed_at_s``) and its gap bound.
+    ``colour`` None: the palette's first, as a lone run gets in an experiment."""
+    if wall_s is None:
+        wall_s = summary.get("wall_s")
+        offset = summary.get("resumed_at_s")
+        if _finite(wall_s) is not None and _finite(offset) is not None:
+            wall_s = wall_s + offset
     return Series(
         name=name,
         colour=colour if colour is not None else _colours([name])[name],
         entries=read_metrics(folder / "metrics.jsonl"),
-        wall_s=_finite(wall_s if wall_s is not None else summary.get("wall_s")),
+        wall_s=_finite(wall_s),
         final_loss=_finite(final_loss if final_loss is not None else summary.get("final_loss")),
         gap_bound=any_pair_bound(summary),
         linestyle=linestyle,

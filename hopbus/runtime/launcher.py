@@ -13,6 +13,8 @@ import contextlib
 import json
 import math
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,14 +183,20 @@ def check_inputs(
     return cfg2, topo, specs
 
 
-def write_config_toml(path: Path, cfg: TrainConfig) -> None:
-    lines = [
-        "# hopbus launch settings of this run (the script made its model and data; lr,"
-        " batch_size and eval_every are\n# its to use): hopbus launch --config config.toml"
-        " -- COMMAND ARGS..."
+def write_config_toml(path: Path, cfg: TrainConfig, command: list[str] | None = None) -> None:
+    """The run's settings as a file that runs it again: ``hopbus train --config`` it, or for
+    a script's run (``command``), ``hopbus launch --config`` it with the script."""
+    again = shlex.join(command) if command else "COMMAND ARGS..."
+    again = again.replace("\n", " ").replace("\r", " ")  # one comment line, whatever it holds
+    lines = (
+        [
+            "# hopbus launch settings of this run (the script made its model and data; lr,"
+            " batch_size and eval_every are its to use):",
+            f"# hopbus launch --config config.toml -- {again}",
+        ]
         if cfg.model == SCRIPT
-        else "# hopbus train settings of this run: hopbus train --config config.toml"
-    ]
+        else ["# hopbus train settings of this run: hopbus train --config config.toml"]
+    )
     for k, v in cfg.public().items():
         if v is None:
             continue
@@ -236,11 +244,20 @@ def _write_whole(path: Path, text: str | bytes) -> None:
             tmp.unlink()
 
 
+RESUMED_MARK = "hopbus: --- resumed from iteration "
+"""The line a resumed run's log starts its part with: what came before is the stopped run's."""
+
+
 def _last_line(path: Path) -> str:
+    """The node's last word in its log: its last error line, else its last line (of the
+    resumed part only, in a resumed run's log)."""
     try:
         lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
         return ""
+    marks = [i for i, x in enumerate(lines) if x.startswith(RESUMED_MARK)]
+    if marks:
+        lines = lines[marks[-1] + 1 :]
     for line in reversed(lines):
         if line.startswith("hopbus: error: "):
             return line[len("hopbus: error: ") :]
@@ -328,7 +345,12 @@ class Launcher:
             self._start(args, logs / f"worker-{i}.log", env, i, f"worker {i}")
 
     def _start(self, args: list[str], log: Path, env: dict[str, str], node: int, name: str) -> None:
-        with log.open("wb") as fh:
+        """Start one node, its stdout and stderr into ``log`` (a resumed run's go on after
+        what the stopped run wrote, from a line that says so)."""
+        with log.open("wb" if self.resume_from is None else "ab") as fh:
+            if self.resume_from is not None:
+                fh.write(f"{RESUMED_MARK}{self.resume_from} ---\n".encode())
+                fh.flush()
             popen = subprocess.Popen(
                 [sys.executable, "-m", "hopbus", *args],
                 stdout=fh,
@@ -362,7 +384,7 @@ class Launcher:
             self.out.mkdir(parents=True, exist_ok=True)
             metrics_path = self.out / "metrics.jsonl"
             if self.resume_from is None:
-                write_config_toml(self.out / "config.toml", self.cfg)
+                write_config_toml(self.out / "config.toml", self.cfg, self.command)
             else:  # the run goes on: its settings stay, its metrics grow from c
                 self.t_offset = _keep_until(metrics_path, self.resume_from)
             self._begin()
@@ -824,6 +846,7 @@ class Launcher:
             )
         if self.resume_from is not None:
             summary["resumed_from"] = self.resume_from
+            summary["resumed_at_s"] = round(self.t_offset, 6)  # metrics.jsonl's t at the resume
         with contextlib.suppress(redis.RedisError):  # worker 0's x_0: the big key, not needed now
             self.r.delete(self.keys.initial)
         return summary
@@ -1100,6 +1123,11 @@ def train(
     if command is not None:
         if not command:
             raise ConfigError(f"hopbus launch: give the command to run after --: {LAUNCH_USAGE}")
+        if shutil.which(command[0]) is None:  # before any process or key exists
+            raise ConfigError(
+                f"hopbus launch: cannot run {command[0][:200]!r}: no such program on PATH, nor "
+                f"an executable file ({LAUNCH_USAGE})"
+            )
         cfg = make_config({**cfg.model_dump(), "model": SCRIPT, "data": SCRIPT}, cls=TrainConfig)
         assert isinstance(cfg, TrainConfig)
     with warnings.catch_warnings():  # the size first: before any data is loaded for it

@@ -107,7 +107,7 @@ def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
     }
     assert 'model = "script"' in (out / "config.toml").read_text()
     # the header names the command that runs these settings again, and train refuses them
-    assert "hopbus launch --config config.toml -- COMMAND" in (out / "config.toml").read_text()
+    assert "# hopbus launch --config config.toml -- " in (out / "config.toml").read_text()
     p = hopbus("train", "--config", str(out / "config.toml"), "--out", str(out / "again"))
     assert p.returncode == 2 and "these settings are a script's run" in p.stderr, p.stderr
     assert not (out / "again").exists()
@@ -201,7 +201,7 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
         (["--mode", "ps-bsp"], [sys.executable, str(script)], "trains with the Hop modes only"),
         ([], [], "give the command to run after --"),
         (["--checkpoint-every", "5"], [sys.executable, str(script)], "No such option"),
-        ([], ["hopbus-no-such-program-xyz"], "cannot start `hopbus-no-such-program-xyz`"),
+        ([], ["hopbus-no-such-program-xyz"], "cannot run 'hopbus-no-such-program-xyz'"),
     ):
         out = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
         p, _, _ = launch(
@@ -209,6 +209,8 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
         )
         assert p.returncode in (1, 2), (flags, p.stderr)
         assert expected in p.stderr, p.stderr
+        if not command or command[0] != sys.executable:  # refused before anything started
+            assert p.returncode == 2 and not out.exists(), p.stderr
         assert "Traceback" not in p.stderr
 
 

@@ -91,7 +91,14 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert after[: len(kept)] == kept
     resumed = after[len(kept) :]
     assert len(resumed) == WORKERS * (ITERATIONS - c)
-    assert min(e["t"] for e in resumed) >= max(e["t"] for e in kept)
+    assert min(e["t"] for e in resumed) >= max(e["t"] for e in kept) == s["resumed_at_s"]
+    before_log, mark, after_log = (
+        (out / "logs" / "worker-0.log")
+        .read_text()
+        .partition(f"hopbus: --- resumed from iteration {c} ---\n")
+    )  # the stopped run's part kept, the resumed one after it
+    assert mark and before_log.strip() and after_log.strip()
+    assert max(e["t"] for e in resumed) <= s["resumed_at_s"] + s["wall_s"]  # plot's end point
     for w in range(WORKERS):
         mine = [e["iter"] for e in resumed if e["worker"] == w]
         assert mine == list(range(c + 1, ITERATIONS + 1)), w

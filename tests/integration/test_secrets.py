@@ -135,6 +135,8 @@ def test_a_mistyped_url_never_echoes_its_password():
         "redis://127.0.0.1:1/0?socket_timeout=nan",
         "redis://127.0.0.1:1/0?ssl_cert_reqs=none",
         "redis://127.0.0.1:1/0?single_connection_client=1",
+        f"redis://hopbus:{PASSWORD}@127.0.0.1:1/abc",  # a database that is not a number
+        f"redis://hopbus:{PASSWORD}@127.0.0.1:1/0?db=1",  # two databases
     ):
         p = hopbus("inspect", "--list", HOPBUS_REDIS=url)
         assert p.returncode == 2, (url, p.stderr)
