@@ -32,11 +32,9 @@ def redact(url: str) -> str:
         parts.port  # noqa: B018 (raises for a port that is not a number)
     except ValueError:
         return urlunsplit(parts._replace(netloc="***"))
-    if parts.query and "password" in parts.query.lower():  # ?password=... (redis-py takes it)
-        query = [
-            f"{k}=***" if "password" in k.lower() else f"{k}={v}"
-            for k, v in parse_qsl(parts.query, keep_blank_values=True)
-        ]
+    pairs = parse_qsl(parts.query, keep_blank_values=True)  # names decoded: ?pass%77ord= too
+    if any("password" in k.lower() for k, _ in pairs):  # ?password=... (redis-py takes it)
+        query = [f"{k}=***" if "password" in k.lower() else f"{k}={v}" for k, v in pairs]
         url = url.partition("?")[0] + "?" + "&".join(query)
         parts = parts._replace(query="&".join(query))
     if parts.password is None:
@@ -96,6 +94,12 @@ def check_url(url: str) -> None:
                 f"--redis {redact(url.partition('?')[0])!r}: the path says database {db} and "
                 "?db= another: give it once"
             )
+    names = [n for n, _ in query]
+    twice = sorted({n for n in names if names.count(n) > 1 and n in URL_SETTINGS})
+    if twice:
+        raise ConfigError(
+            f"--redis {redact(url.partition('?')[0])!r}: ?{twice[0]}= is given more than once"
+        )
     allowed = URL_SETTINGS | (TLS_URL_SETTINGS if parts.scheme == "rediss" else frozenset())
     shown = (re.sub(r"[^\w.-]", "?", n[:40]) for n, _ in query)  # never a control character
     bad = [n for n in dict.fromkeys(shown) if n not in allowed]

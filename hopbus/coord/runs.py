@@ -114,7 +114,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     """What the run's own keys say it is, whatever its recorded ``status`` says (a launcher
     killed with the laptop lid never wrote "finished"; a run followed by nobody has nobody
     to write it): ``finished`` when every worker's final report counts (coord/read.py),
-    ``failed`` when the run was stopped, ``running`` while some node's heartbeat is alive,
+    those declared dead aside (a backup run goes on without them), ``failed`` when the run
+    was stopped, ``running`` while some node's heartbeat is alive,
     ``abandoned`` when it started but nothing beats any more, otherwise the recorded status
     (``starting``, or ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
@@ -126,15 +127,18 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     pipe.hgetall(keys.incarnation)
     pipe.exists(keys.stop)
     pipe.mget([keys.hb(i) for i in range(workers + 1)])  # and a parameter server's, node N
-    results, counters, incarnations, stopped, beats = pipe.execute()
-    finished = sum(
-        read.result(
+    pipe.smembers(keys.dead)
+    results, counters, incarnations, stopped, beats, dead = pipe.execute()
+    reported = {
+        i
+        for i in range(workers)
+        if read.result(
             results.get(str(i).encode()), counter=counters[i],
             incarnation=incarnations.get(str(i).encode()), iterations=iterations, beat=beats[i],
         ) is not None
-        for i in range(workers)
-    )  # fmt: skip
-    if finished == workers:
+    }  # fmt: skip
+    # a backup run goes on without its dead: every other worker's report finishes it
+    if reported and len(reported | read.ids(dead, workers)) == workers and not stopped:
         return "finished"
     if stopped:
         return "failed"

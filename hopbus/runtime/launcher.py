@@ -949,7 +949,7 @@ class Watcher(Launcher):
             self._events = event_id
             assert rec is not None  # events always parse (leniently)
             who = rec.get("worker")
-            if rec.get("kind") == "error" and who is not None and 0 <= who <= n:
+            if rec.get("kind") == "error" and who is not None and 0 <= who < n + (ps is not None):
                 # anything that can write the stream can write this: it says why a node is
                 # gone once its heartbeat is, and never makes a live one gone
                 self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
@@ -1209,15 +1209,21 @@ def _finished(folder: Path, workers: int, iterations: int) -> bool:
 
 
 def _check_writable(folder: Path, target: str) -> None:
-    """Before anything runs: can the resumed run write its results where they go? Found at
-    the end, a run would train to the last iteration and then lose its summary."""
-    for name in ("summary.json", "metrics.jsonl", "logs"):
-        path = folder / name
-        wanted = "a folder" if name == "logs" else "a file"
-        if path.exists() and path.is_dir() != (name == "logs"):
+    """Before anything runs: can the resumed run write its results where they go, and only
+    there? Found at the end, a run would train to the last iteration and then lose its
+    summary; a link or a special file (a FIFO) in their place would be written through or
+    hang the resume."""
+    logs = folder / "logs"
+    files = [folder / n for n in ("summary.json", "metrics.jsonl", "config.toml")]
+    if logs.is_dir() and not logs.is_symlink():
+        files += sorted(logs.glob("*.log"))
+    for path in [*files, logs]:
+        wanted = "a folder" if path == logs else "a regular file"
+        kind_ok = path.is_dir() if path == logs else path.is_file()
+        if path.is_symlink() or (os.path.lexists(path) and not kind_ok):
             raise ConfigError(
-                f"--resume {target!r}: {path} is not {wanted}: the run could not write its "
-                "results there; move it away"
+                f"--resume {target!r}: {path} is not {wanted} (a link, or another kind of "
+                "file): the run writes its results there; move it away"
             )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(
@@ -1229,6 +1235,7 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
     """``--resume RUN`` (a results folder, or a run id: runs/RUN): the run's settings from its
     config.toml (``timeout`` may override its --timeout), and its newest complete set."""
     folder = _resume_folder(target)
+    _check_writable(folder, target)  # first: config.toml is read through no link either
     path = folder / "config.toml"
     if not path.is_file():
         raise ConfigError(
@@ -1249,7 +1256,6 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
             f"--resume {target!r}: the run in {folder} finished (its summary.json or "
             "metrics.jsonl says so): nothing to resume; start a new run with hopbus train"
         )
-    _check_writable(folder, target)
     folder_ck = folder / CHECKPOINTS
     skipped: list[str] = []
     at = newest_complete(folder_ck, topo.n, skipped, full=True)

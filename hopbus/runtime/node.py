@@ -127,6 +127,7 @@ class Node:
         self.heartbeat: Heartbeat | None = None
         self.admitted = False  # it took its place in the run (a refused process never does)
         self.trainer: Trainer  # set by each kind of node's _setup
+        self._unseen: dict[int, float] = {}  # peers seen without a heartbeat, since (monotonic)
 
     @property
     def heartbeat_s(self) -> float:
@@ -316,8 +317,15 @@ class Node:
         (``_lose``); empty if all are alive (or if the node waits for them after all)."""
         if not peers:
             return []
-        alive = self.control.alive(peers)
-        dead = [j for j, a in alive.items() if not a]
+        now = time.monotonic()
+        for j, a in self.control.alive(peers).items():
+            if a:
+                self._unseen.pop(j, None)
+            else:
+                self._unseen.setdefault(j, now)
+        # gone for a whole renewal period: a live peer puts back a heartbeat someone deleted
+        period = self.heartbeat_s / 3
+        dead = [j for j in peers if now - self._unseen.get(j, now) >= period]
         return dead if dead and self._lose(dead, what) else []
 
     def _lose(self, dead: Sequence[int], what: str) -> bool:

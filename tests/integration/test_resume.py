@@ -56,11 +56,21 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert not (out / "summary.json").exists()
     assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"running"
 
-    # fault ``summary_not_writable``: found before anything runs, not after the last iteration
+    # faults ``summary_not_writable`` and ``linked_metrics``: found before anything runs, not
+    # after the last iteration, and nothing is written through a link
     (out / "summary.json").mkdir()
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
-    assert p.returncode == 2 and "summary.json is not a file" in p.stderr, p.stderr
+    assert p.returncode == 2 and "summary.json is not a regular file" in p.stderr, p.stderr
     (out / "summary.json").rmdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not hopbus's\n")
+    (out / "metrics.jsonl").rename(tmp_path / "metrics.jsonl")
+    (out / "metrics.jsonl").symlink_to(victim)
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+    assert p.returncode == 2 and "metrics.jsonl is not a regular file" in p.stderr, p.stderr
+    assert victim.read_text() == "not hopbus's\n"
+    (out / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").rename(out / "metrics.jsonl")
     assert _complete_lines(out / "metrics.jsonl") == before
 
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=240)

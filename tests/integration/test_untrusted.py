@@ -234,6 +234,9 @@ def test_a_forged_report_does_not_keep_a_dead_worker_alive(redis_url, redis_clie
     s = json.loads(out)
     assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [3]
     assert s["refused"]["final_reports"] == 1
+    # its own keys say so too: the dead worker aside, every report counts
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "finished"
 
 
 def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, tmp_path):
@@ -442,3 +445,20 @@ def test_a_dead_set_written_by_hand_is_named_by_the_worker_left_waiting(redis_ur
     assert workers[1].returncode == 1, errs[1]
     (line,) = error_lines(errs[1])
     assert f"which only workers declared dead ({keys.dead}) could send" in line, line
+
+
+def test_a_worker_waiting_on_a_peer_whose_heartbeat_was_deleted_waits_on(redis_url, redis_client):
+    """Fault ``deleted_heartbeat`` as a waiting worker meets it: worker 1 waits on slow worker 0
+    (40x) when worker 0's heartbeat is deleted; worker 0 puts it back within a renewal period,
+    so worker 1 does not take it for dead, and the standard run finishes."""
+    run = f"delhb{os.getpid()}"
+    flags = ["--iterations", "12", "--iter-time", "0.02", "--heartbeat", "2"]
+    workers = _two_workers(redis_url, run, *flags, "--slowdown", "fixed:40@0")
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 1, 3)
+    redis_client.delete(keys.hb(0))
+    for w in workers:
+        _, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "finished"
