@@ -323,9 +323,10 @@ class Node:
                 self._unseen.pop(j, None)
             else:
                 self._unseen.setdefault(j, now)
-        # gone for a whole renewal period: a live peer puts back a heartbeat someone deleted
-        period = self.heartbeat_s / 3
-        dead = [j for j in peers if now - self._unseen.get(j, now) >= period]
+        # gone for a whole renewal period (as this node's own heartbeat renews): a live peer
+        # puts back a heartbeat someone deleted by then
+        period = self.heartbeat.ttl_ms / 3000 if self.heartbeat is not None else 0.0
+        dead = [j for j in peers if j in self._unseen and now - self._unseen[j] >= period]
         return dead if dead and self._lose(dead, what) else []
 
     def _lose(self, dead: Sequence[int], what: str) -> bool:
