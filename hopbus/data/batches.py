@@ -9,6 +9,24 @@ import numpy as np
 from hopbus.data.dataset import DataError, Dataset
 
 
+def position_problem(order: np.ndarray, info: Any) -> str | None:
+    """Why ``order`` and ``info`` (what :meth:`Batches.state` returns) are not a minibatch
+    position, whatever rows they are for; None if they are one. The one rule, for a
+    checkpoint read before the data is loaded and for :meth:`Batches.load_state`."""
+    if order.ndim != 1 or order.dtype.kind not in "iu":
+        return "the saved order is not a list of row numbers"
+    if not np.array_equal(np.sort(order), np.arange(len(order))):
+        return f"the saved order is not a permutation of the {len(order)} rows"
+    if not isinstance(info, dict):
+        return "the saved position is not an object"
+    pos, epoch = info.get("pos"), info.get("epoch")
+    if type(pos) is not int or not 0 <= pos <= len(order):
+        return f"the saved position is not a row number of 0..{len(order)}"
+    if type(epoch) is not int or epoch < 0 or not isinstance(info.get("rng"), dict):
+        return "the saved epoch or generator state is malformed"
+    return None
+
+
 def shard_rows(
     n: int, worker: int, n_workers: int, seed: int, name: str = "the data"
 ) -> np.ndarray:
@@ -81,10 +99,11 @@ class Batches:
     def load_state(self, order: np.ndarray, info: dict[str, Any]) -> None:
         """Continue exactly where :meth:`state` was taken (same rows, same batch size)."""
         order = np.asarray(order)
-        if order.shape != (len(self.x),) or not 0 <= int(info["pos"]) <= len(self.x):
+        if order.shape != (len(self.x),):
             raise ValueError(f"a minibatch position for {len(order)} rows, not {len(self.x)}")
-        if not np.array_equal(np.sort(order), np.arange(len(self.x))):
-            raise ValueError(f"the saved order is not a permutation of the {len(self.x)} rows")
+        why = position_problem(order, info)
+        if why is not None:
+            raise ValueError(why)
         rng = np.random.default_rng()
         rng.bit_generator.state = info["rng"]
         self._rng = rng

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hopbus import __version__
+from hopbus.data.batches import position_problem
 from hopbus.errors import UserError
 
 FORMAT = 1
@@ -246,35 +247,13 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
                 )
     order = arrays.get("data/order")
     stream = meta.get("stream") or {}
-    if not _position_ok(order, stream):
+    if not isinstance(stream, dict) or (order is not None and position_problem(order, stream)):
         raise CheckpointError(
             f"checkpoint {path} holds a malformed minibatch position: resume from an older set "
             "(remove this one)"
         )
     state = WorkerState(params=params, optimizer=optimizer, order=order, stream=dict(stream))
     return Checkpoint(worker, iteration, str(meta.get("run", "")), state, meta)
-
-
-def _position_ok(order: np.ndarray | None, stream: Any) -> bool:
-    """What a minibatch position must be whatever the data (data/batches.Batches.state): a
-    permutation of its own rows, and a position, an epoch and a generator's state. Whether it
-    fits the worker's shard is known only once the data is loaded (Batches.load_state)."""
-    if not isinstance(stream, dict):
-        return False
-    if order is None:
-        return True  # no position kept: the stream restarts from the worker's seed
-    if order.ndim != 1 or order.dtype.kind not in "iu":
-        return False
-    if not np.array_equal(np.sort(order), np.arange(len(order))):
-        return False
-    pos, epoch = stream.get("pos"), stream.get("epoch")
-    return (
-        type(pos) is int
-        and 0 <= pos <= len(order)
-        and type(epoch) is int
-        and epoch >= 0
-        and isinstance(stream.get("rng"), dict)
-    )
 
 
 def problem(folder: Path, worker: int, iteration: int) -> str | None:
