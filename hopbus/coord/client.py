@@ -82,24 +82,22 @@ def check_url(url: str) -> None:
             "[user:password@]host:port)"
         ) from None
     query = parse_qsl(parts.query, keep_blank_values=True)
+    shown_url = redact(url.partition("?")[0])  # the query may say what is wrong: left out
     if parts.scheme != "unix":
         db = parts.path.lstrip("/")
         if db and not db.isdigit():
             raise ConfigError(
-                f"--redis {redact(url.partition('?')[0])!r}: the database after the port must "
+                f"--redis {shown_url!r}: the database after the port must "
                 "be a number (redis://host:port/0)"
             )
         if db and any(n == "db" and v != db for n, v in query):
             raise ConfigError(
-                f"--redis {redact(url.partition('?')[0])!r}: the path says database {db} and "
-                "?db= another: give it once"
+                f"--redis {shown_url!r}: the path says database {db} and ?db= another: give it once"
             )
     names = [n for n, _ in query]
     twice = sorted({n for n in names if names.count(n) > 1 and n in URL_SETTINGS})
     if twice:
-        raise ConfigError(
-            f"--redis {redact(url.partition('?')[0])!r}: ?{twice[0]}= is given more than once"
-        )
+        raise ConfigError(f"--redis {shown_url!r}: ?{twice[0]}= is given more than once")
     allowed = URL_SETTINGS | (TLS_URL_SETTINGS if parts.scheme == "rediss" else frozenset())
     shown = (re.sub(r"[^\w.-]", "?", n[:40]) for n, _ in query)  # never a control character
     bad = [n for n in dict.fromkeys(shown) if n not in allowed]
@@ -114,7 +112,7 @@ def check_url(url: str) -> None:
             why = "not a setting" if one else "not settings"
             why += " hopbus takes in the URL"
         raise ConfigError(
-            f"--redis {redact(url.partition('?')[0])!r}: {', '.join(f'?{n}=' for n in bad)} "
+            f"--redis {shown_url!r}: {', '.join(f'?{n}=' for n in bad)} "
             f"{'is' if one else 'are'} {why} (it takes {', '.join(sorted(allowed))})"
         )
 

@@ -58,6 +58,14 @@ def run_id_for(scenario: str, plan: RunPlan, index: int, pid: int) -> str:
     return rid.lstrip("._-") or f"run-{index + 1}-{pid}"
 
 
+def _missing_package(plan: RunPlan) -> str | None:
+    """Why ``plan`` is skipped: the package it needs is not installed (None: it is, or it
+    needs none)."""
+    if plan.needs is None or importlib.util.find_spec(plan.needs[0]) is not None:
+        return None
+    return f"{plan.needs[0]} is not installed ({plan.needs[1]})"
+
+
 class Experiment:
     """One scenario's runs and their results folder."""
 
@@ -107,7 +115,7 @@ class Experiment:
 
         first: str | None = None
         for plan in self.plans:
-            if plan.needs is not None and importlib.util.find_spec(plan.needs[0]) is None:
+            if _missing_package(plan) is not None:
                 continue  # skipped, not refused
             with warnings.catch_warnings():  # each run shows its own when it runs
                 warnings.simplefilter("ignore")
@@ -185,8 +193,8 @@ class Experiment:
                 skipped=skipped,
             )
 
-        if plan.needs is not None and importlib.util.find_spec(plan.needs[0]) is None:
-            skipped = f"{plan.needs[0]} is not installed ({plan.needs[1]})"
+        skipped = _missing_package(plan)
+        if skipped is not None:
             return record([])
 
         with warnings.catch_warnings(record=True) as seen:
