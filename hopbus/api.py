@@ -26,7 +26,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -342,23 +342,48 @@ class Context:
             return x
         return [x[str(i)] for i in range(len(x))]
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self) -> _Guard:
         """Redis errors as one line; a failure of this worker told to the run once (not one
         caused by the run stopping, nor a replacement's or a dead worker's own)."""
-        from hopbus.runtime.node import redis_failures
-        from hopbus.runtime.worker import report_failure
+        return _Guard(self)
 
+
+class _Guard:
+    """``Context._guard``: a class, not a generator, as it is entered around every step."""
+
+    __slots__ = ("ctx", "redis")
+
+    def __init__(self, ctx: Context) -> None:
+        from hopbus.runtime.node import redis_failures
+
+        self.ctx = ctx
+        self.redis = redis_failures(ctx.node.who, ctx.run)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            return
         try:
-            with redis_failures(self.node.who, self.run):
-                yield
-        except UserError as exc:
-            quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
-            quiet = quiet or not self.node.admitted  # refused: it writes nothing into the run
-            if self._report and not self._reported and not quiet:
-                self._reported = True
-                report_failure(self.node.redis_url, self.run, self.worker, str(exc))
+            self.redis.__exit__(kind, exc, tb)  # a Redis error: raises its one line instead
+        except UserError as line:
+            self._tell(line)
             raise
+        if isinstance(exc, UserError):
+            self._tell(exc)
+
+    def _tell(self, exc: UserError) -> None:
+        ctx = self.ctx
+        quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
+        quiet = quiet or not ctx.node.admitted  # refused: it writes nothing into the run
+        if ctx._report and not ctx._reported and not quiet:
+            from hopbus.runtime.worker import report_failure
+
+            ctx._reported = True
+            report_failure(ctx.node.redis_url, ctx.run, ctx.worker, str(exc))
 
 
 __all__ = ["LAUNCH_HINT", "Context", "NotLaunchedError", "join", "launched"]

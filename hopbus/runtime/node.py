@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +53,31 @@ def names(nodes: Sequence[int], ps: int | None = None) -> str:
     return ("worker " if len(nodes) == 1 else "workers ") + ", ".join(map(str, nodes))
 
 
-@contextlib.contextmanager
-def redis_failures(who: str, run: str) -> Iterator[None]:
-    """Redis errors as one line naming the node; the Lua scripts' refusals explained."""
-    try:
-        yield
-    except redis.ResponseError as exc:
-        if "HOPBUS" not in str(exc):
-            raise RunFailure(f"{who}: Redis refused a command: {exc}") from None
-        raise RunFailure(
-            f"{who} of run {run}: "
-            + str(exc).split("HOPBUS ", 1)[1]
-            + " (another process already runs this --id, or the run ended: hopbus clean)"
-        ) from None
-    except redis.RedisError as exc:
-        raise RunFailure(f"{who} lost Redis: {exc}") from None
+class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(who, run):``
+    """Redis errors as one line naming the node; the Lua scripts' refusals explained. A class,
+    not a generator: the workers enter it around every step."""
+
+    __slots__ = ("run", "who")
+
+    def __init__(self, who: str, run: str) -> None:
+        self.who, self.run = who, run
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if isinstance(exc, redis.ResponseError):
+            if "HOPBUS" not in str(exc):
+                raise RunFailure(f"{self.who}: Redis refused a command: {exc}") from None
+            raise RunFailure(
+                f"{self.who} of run {self.run}: "
+                + str(exc).split("HOPBUS ", 1)[1]
+                + " (another process already runs this --id, or the run ended: hopbus clean)"
+            ) from None
+        if isinstance(exc, redis.RedisError):
+            raise RunFailure(f"{self.who} lost Redis: {exc}") from None
 
 
 def read_run_config(
