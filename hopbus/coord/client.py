@@ -181,8 +181,21 @@ def connect(url: str, *, timeout: float = 10.0) -> redis.Redis:
         except redis.RedisError as exc:  # e.g. a TLS query parameter redis-py refuses
             raise ConfigError(f"--redis {redact(url)!r}: {exc}") from None
     raise BrokerUnreachableError(
-        f"cannot reach Redis at {redact(url)} within {timeout:g} s: {last}"
+        f"cannot reach Redis at {redact(url)} within {timeout:g} s: {last}{_tls_hint(url, last)}"
     ) from None
+
+
+def _tls_hint(url: str, error: BaseException | None) -> str:
+    """What a TLS mismatch looks like from here: a plaintext Redis never answers a rediss://
+    handshake (a timeout), and a TLS-only one drops a plain redis:// client (connection
+    closed, or reset)."""
+    if url.startswith("rediss://") and isinstance(error, redis.TimeoutError):
+        return " (rediss:// speaks TLS: does that port take TLS? A plaintext Redis never answers)"
+    if url.startswith("redis://") and isinstance(error, redis.ConnectionError):
+        text = str(error).lower()
+        if "closed by server" in text or "reset by peer" in text:
+            return " (if that port takes TLS only, use rediss://)"
+    return ""
 
 
 class Lua:

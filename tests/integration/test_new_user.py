@@ -1,5 +1,5 @@
 """What a new user met, each a fault by its name: ``target_at_the_end``, ``deleted_token_queue``,
-``missing_run``, ``unreachable_inbox``; and the CLI's small refusals."""
+``missing_run``, ``unreachable_inbox``, ``rediss_to_plaintext``; and the CLI's small refusals."""
 
 from __future__ import annotations
 
@@ -94,3 +94,18 @@ def test_small_refusals_of_the_cli(tmp_path):
     for command in ("train", "launch", "worker", "watch", "sim", "inspect"):
         p = hopbus(command, "--help")
         assert p.returncode == 0 and "<bool>" not in p.stdout, command
+
+
+def test_a_tls_url_for_a_plaintext_redis_says_so(redis_url):
+    """Fault ``rediss_to_plaintext``: rediss:// against a Redis that does not speak TLS, which
+    never answers the handshake. The error says what the timeout most likely means."""
+    from hopbus.coord.client import connect
+    from hopbus.errors import UserError
+
+    tls = redis_url.replace("redis://", "rediss://", 1)
+    try:
+        connect(tls, timeout=1.0)
+    except UserError as exc:
+        assert "rediss:// speaks TLS" in str(exc), exc
+    else:
+        raise AssertionError(f"{tls} answered PING")
