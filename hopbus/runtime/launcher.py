@@ -307,6 +307,8 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
+        self._at_end: dict[int, float] = {}  # worker -> first seen in the last iteration
+        self._late: set[int] = set()  # workers said to be late with their final report
         self.malformed = 0  # progress entries that did not parse
         self.rejected_reports = 0  # final reports in Redis that do not count (read.result)
         self.broker_gone = False  # Redis did not come back within --timeout: stop asking it
@@ -513,7 +515,33 @@ class Launcher:
         if failure is None and stop is not None:
             failure = read.text(stop, 500) or "stopped (an unreadable reason)"
         done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
+        if not done and failure is None and self.unanswered is None:
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                self._note_late({p.worker for p in self.procs if p.code is None})
         return done, failure
+
+    def _note_late(self, waiting: set[int], reported: set[int] | None = None) -> None:
+        """Of the workers in ``waiting``, those the progress stream saw enter the run's last
+        iteration --timeout ago or more and still without a final report (``reported``, or
+        read now): said once each. A final evaluation may be slow, so the run waits on for
+        them rather than fail; the note says so, and that Ctrl-C stops it."""
+        views = [] if self.replay is None else self.replay.views
+        now = time.monotonic()
+        late = []
+        for i in sorted(waiting - self._late - set(self.lost)):
+            at_end = i < len(views) and views[i].iteration >= self.cfg.iterations
+            if at_end and now - self._at_end.setdefault(i, now) >= self.cfg.timeout:
+                late.append(i)
+        if late and reported is None:
+            reported = set(self._reports())
+        for i in late:
+            if i not in (reported or set()):
+                self._late.add(i)
+                self.notes.append(
+                    f"{self._name(i)} entered the run's last iteration "
+                    f"{now - self._at_end[i]:.0f} s ago and has not reported its result: a slow "
+                    "final evaluation, or it hangs; the run waits for it (Ctrl-C stops it)"
+                )
 
     def _superseded(self, worker: int) -> bool:
         """Whether ``worker``'s id belongs to the dead set or to a replacement by now."""
@@ -963,6 +991,7 @@ class Watcher(Launcher):
             if failure is not None:
                 return False, failure
         self._sync_membership()  # declared by its neighbours, or replaced
+        self._note_late(set(range(n)) - done, done)
         return len(done) + len(self.lost) >= n + (ps is not None), None
 
 

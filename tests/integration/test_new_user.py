@@ -1,5 +1,6 @@
 """What a new user met, each a fault by its name: ``target_at_the_end``, ``deleted_token_queue``,
-``missing_run``, ``unreachable_inbox``, ``rediss_to_plaintext``; and the CLI's small refusals."""
+``missing_run``, ``unreachable_inbox``, ``rediss_to_plaintext``, ``hang_before_report``; and the
+CLI's small refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import time
 
 import redis
-from cluster import clean_env, hopbus, hopbus_args, train, train_args, wait_iteration
+from cluster import clean_env, hopbus, hopbus_args, train, train_args, wait_for, wait_iteration
 
 from hopbus.coord.keys import RunKeys
 
@@ -109,3 +110,31 @@ def test_a_tls_url_for_a_plaintext_redis_says_so(redis_url):
         assert "rediss:// speaks TLS" in str(exc), exc
     else:
         raise AssertionError(f"{tls} answered PING")
+
+
+def test_a_worker_that_hangs_before_its_report_is_named(redis_url, tmp_path):
+    """Fault ``hang_before_report``: worker 0 enters the run's last iteration and hangs there,
+    its heartbeat beating on. hopbus train waits (a final evaluation may be slow) but says,
+    --timeout later, which worker it waits for and that Ctrl-C stops it; Ctrl-C then does."""
+    import signal
+    import threading
+
+    flags = ["-n", "2", "--topology", "ring", "--iterations", "20", "--iter-time", "0.01"]
+    args, _ = train_args(redis_url, tmp_path / "run", *flags, "--eval-every", "0", "--timeout", "2")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(HOPBUS_FAULTS="0:hang_before_report"))  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        said = "worker 0 entered the run's last iteration"
+        wait_for(lambda: any(said in line for line in lines), 60, "the note on worker 0")
+        assert proc.poll() is None  # still waiting: a slow final evaluation is not a failure
+        assert not any("worker 1 entered" in line for line in lines)  # it reported
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    assert proc.returncode == 130, lines[-5:]
+    note = next(line for line in lines if said in line)
+    assert "Ctrl-C stops it" in note, note
