@@ -618,7 +618,7 @@ def clean_cmd(
     client = connect(redis or DEFAULT_URL, timeout=5)
     keys = RunKeys(run)
     status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
-    if status in ("starting", "running") and not force:
+    if status == "running" and not force:  # "starting": created, and no worker came yet
         raise ConfigError(
             f"run {run} is {status} (a node's heartbeat is alive): stop it first, or pass "
             "--force to delete its keys under its workers"

@@ -116,8 +116,9 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     to write it): ``finished`` when every worker's final report counts (coord/read.py),
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
     was stopped, ``running`` while some node's heartbeat is alive,
-    ``abandoned`` when it started but nothing beats any more, otherwise the recorded status
-    (``starting``, or ``stopped`` after Ctrl-C)."""
+    ``abandoned`` when it started (a counter, or a registered endpoint) but nothing beats
+    any more, otherwise the recorded status (``starting``: created, no worker came yet; or
+    ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
     recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
@@ -128,7 +129,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     pipe.exists(keys.stop)
     pipe.mget([keys.hb(i) for i in range(workers + 1)])  # and a parameter server's, node N
     pipe.smembers(keys.dead)
-    results, counters, incarnations, stopped, beats, dead = pipe.execute()
+    pipe.hlen(keys.addr)
+    results, counters, incarnations, stopped, beats, dead, registered = pipe.execute()
     reported = {
         i
         for i in range(workers)
@@ -146,7 +148,7 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "running"
     if recorded == "stopped":
         return recorded
-    if any(c is not None for c in counters) or recorded == "running":
+    if any(c is not None for c in counters) or registered or recorded == "running":
         return "abandoned"
     return recorded
 

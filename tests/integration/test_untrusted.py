@@ -3,7 +3,7 @@
 Each test injects one fault by its name, with real processes and a real redis-server:
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
-``late_watch``, ``per_run_user``.
+``never_started``, ``gave_up_alone``, ``late_watch``, ``per_run_user``.
 """
 
 from __future__ import annotations
@@ -296,6 +296,31 @@ def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, t
     cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
     assert cleaned.returncode == 0, cleaned.stderr
     assert not client.exists(keys.meta)
+
+
+def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_client):
+    """Fault ``never_started``: a run created and never started is "starting" and clean takes
+    it (create itself says to); fault ``gave_up_alone``: its one worker registered, waited
+    for the others and gave up; with its heartbeat gone the run is "abandoned", not starting."""
+    run = f"unstarted{os.getpid()}"
+    made = hopbus("create", "--run", run, "-n", "3", "--redis", redis_url)
+    assert made.returncode == 0, made.stderr
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "starting"
+    cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not redis_client.exists(RunKeys(run).meta)
+
+    made = hopbus("create", "--run", run, "-n", "3", "--timeout", "2", "--heartbeat", "1",
+                  "--redis", redis_url)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    alone = hopbus("worker", "--run", run, "--redis", redis_url)
+    assert alone.returncode == 1 and "register" in alone.stderr, alone.stderr
+    wait_for(lambda: not redis_client.exists(RunKeys(run).hb(0)), 30, "its heartbeat to expire")
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "abandoned", snap["status"]
+    cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert cleaned.returncode == 0, cleaned.stderr
 
 
 def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
