@@ -335,8 +335,10 @@ def watch_cmd(
 ) -> None:
     """Follow a run whose workers were started elsewhere (docker compose, other hosts) to its
     end: the live display, then metrics.jsonl, summary.json and the summary, as `hopbus train`
-    writes them. Starts and stops nothing. Exit status 1 if a node reported an error or its
-    heartbeat vanished, 3 if a Table 1 bound was broken or an invariant check failed."""
+    writes them. Starts and stops nothing: Ctrl-C stops the watch, not the run, and the same
+    watch started again reads the run from its start into the same folder. Exit status 1 if
+    a node reported an error or its heartbeat vanished, 3 if a Table 1 bound was broken or an
+    invariant check failed."""
     interrupts.install()
     from hopbus.cli.live import Display
     from hopbus.runtime.launcher import watch

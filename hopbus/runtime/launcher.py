@@ -183,12 +183,21 @@ def check_inputs(
     return cfg2, topo, specs
 
 
-def write_config_toml(path: Path, cfg: TrainConfig, command: list[str] | None = None) -> None:
+WATCHED = "# followed by: hopbus watch --run "
+"""config.toml's first line in a folder hopbus watch writes: a watch of the same run that was
+interrupted before its summary may write there again (``_out_folder``)."""
+
+
+def write_config_toml(
+    path: Path, cfg: TrainConfig, command: list[str] | None = None, *, watched: str | None = None
+) -> None:
     """The run's settings as a file that runs it again: ``hopbus train --config`` it, or for
-    a script's run (``command``), ``hopbus launch --config`` it with the script."""
+    a script's run (``command``), ``hopbus launch --config`` it with the script. ``watched``:
+    the run id, in a folder hopbus watch writes."""
     again = shlex.join(command) if command else "COMMAND ARGS..."
     again = again.replace("\n", " ").replace("\r", " ")  # one comment line, whatever it holds
-    lines = (
+    lines = [WATCHED + watched] if watched else []
+    lines += (
         [
             "# hopbus launch settings of this run (the script made its model and data; lr,"
             " batch_size and eval_every are its to use):",
@@ -307,6 +316,7 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
+        self.watched: str | None = None  # hopbus watch: the run id, for config.toml
         self._at_end: dict[int, float] = {}  # worker -> first seen in the last iteration
         self._late: set[int] = set()  # workers said to be late with their final report
         self.malformed = 0  # progress entries that did not parse
@@ -386,7 +396,9 @@ class Launcher:
             self.out.mkdir(parents=True, exist_ok=True)
             metrics_path = self.out / "metrics.jsonl"
             if self.resume_from is None:
-                write_config_toml(self.out / "config.toml", self.cfg, self.command)
+                write_config_toml(
+                    self.out / "config.toml", self.cfg, self.command, watched=self.watched
+                )
             else:  # the run goes on: its settings stay, its metrics grow from c
                 self.t_offset = _keep_until(metrics_path, self.resume_from)
             self._begin()
@@ -930,6 +942,7 @@ class Watcher(Launcher):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        self.watched = self.keys.run
         self._events = "0-0"
         self._said: dict[int, str] = {}  # a node's error event: why, once its heartbeat is gone
 
@@ -1066,15 +1079,36 @@ def _drop_partial_line(path: Path) -> None:
         fh.truncate(0)
 
 
-def _out_folder(out: Path | None, keys: RunKeys) -> Path:
+def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path:
     """The results folder: new, or empty, or holding only the run's TensorBoard scalars (the
-    workers of a run followed by hopbus watch may have started writing them there)."""
+    workers of a run followed by hopbus watch may have started writing them there). For
+    ``watch``, also one where a watch of the same run was interrupted before its summary:
+    it reads the run's stream from the start again and rewrites every file."""
     out = out if out is not None else Path("runs") / keys.run
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is not a folder: choose another --out")
     if out.exists() and any(p.name != TENSORBOARD for p in out.iterdir()):
+        if watch and _watched_before(out, keys.run):
+            return out
         raise ConfigError(
-            f"--out {str(out)!r} already holds a run: choose another --run or --out, or remove it"
+            f"--out {str(out)!r} already holds files: choose another --run or --out, or remove it"
         )
     return out
+
+
+def _watched_before(out: Path, run: str) -> bool:
+    """Whether ``out`` holds an interrupted hopbus watch of ``run``: its config.toml says so,
+    no summary.json, and nothing but what a watch writes."""
+    ours = {"config.toml", "metrics.jsonl", TENSORBOARD}
+    if not all(p.name in ours for p in out.iterdir()):
+        return False
+    config = out / "config.toml"
+    try:
+        with config.open() as fh:
+            first = fh.readline(200).rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return not config.is_symlink() and first == WATCHED + run
 
 
 def record(
@@ -1117,7 +1151,7 @@ def watch(
 
     check_url(redis_url)
     keys = RunKeys(run)
-    out = _out_folder(out, keys)
+    out = _out_folder(out, keys, watch=True)
     client = connect(redis_url, timeout=10.0)
     cfg, topo = read_run_config(client, keys, timeout=10.0)
     client.close()

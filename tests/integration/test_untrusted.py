@@ -3,7 +3,7 @@
 Each test injects one fault by its name, with real processes and a real redis-server:
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
-``never_started``, ``gave_up_alone``, ``late_watch``, ``per_run_user``.
+``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``per_run_user``.
 """
 
 from __future__ import annotations
@@ -321,6 +321,35 @@ def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_cli
     assert snap["status"] == "abandoned", snap["status"]
     cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
     assert cleaned.returncode == 0, cleaned.stderr
+
+
+def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_client, tmp_path):
+    """Fault ``interrupted_watch``: hopbus watch stopped by Ctrl-C leaves its folder without a
+    summary; the same watch again takes that folder, reads the run from the start and writes
+    it whole. A folder that holds anything else is still refused."""
+    run = f"rewatch{os.getpid()}"
+    workers = _two_workers(redis_url, run, "--iterations", "200", "--iter-time", "0.02")
+    out = tmp_path / "w"
+    args = hopbus_args("watch", "--run", run, "--out", str(out), "--json")
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_iteration(redis_client, RunKeys(run), 0, 20)
+    wait_for((out / "config.toml").exists, 30, "the first watch's folder")
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=60)
+    assert first.returncode == 130 and not (out / "summary.json").exists()
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    s = strict(again.stdout)
+    assert s["finished"] and s["iterations"]["max"] == 200, s["iterations"]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len({(json.loads(x)["worker"], json.loads(x)["iter"]) for x in lines})
+    for w in workers:
+        w.communicate(timeout=60)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    refused = hopbus("watch", "--run", run, "--out", str(tmp_path / "other"), "--redis", redis_url)
+    assert refused.returncode == 2 and "already holds files" in refused.stderr, refused.stderr
 
 
 def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
