@@ -152,6 +152,19 @@ def summary(console: Console, s: dict[str, Any]) -> None:
             )
         )
     rows.append(("iterations", f"min {s['iterations']['min']}, max {s['iterations']['max']}"))
+    lost = [x for x in s.get("lost_workers") or [] if isinstance(x, dict)]
+    if lost:
+        rows.append(
+            (
+                "lost workers",
+                "[yellow]"
+                + ", ".join(
+                    f"worker {x.get('worker')} in iteration {x.get('iteration')}" for x in lost
+                )
+                + "[/]"
+                + ("; the run went on without them" if s["finished"] else ""),
+            )
+        )
     g, b = s["max_gap"], s["gap_bound"]
     hop = cfg["mode"] not in _SCHEME_KNOBS
     viol = s["violations"]

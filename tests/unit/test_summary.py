@@ -32,3 +32,22 @@ def test_a_resumed_replay_starts_every_worker_in_the_checkpoint_iteration():
     assert r.stats.iterations == [42, 41, 41]
     assert r.stats.iter_time()["per_worker"] == [4 / 2, 2 / 1, 3 / 1]
     assert r.stats.jumps == 0
+
+
+def test_the_printed_summary_names_the_workers_a_run_went_on_without():
+    """A backup run that lost a worker finishes (exit 0): its printed summary says whom it
+    lost and where, as summary.json's lost_workers does."""
+    from rich.console import Console
+
+    from hopbus.cli import render
+    from hopbus.config import RunConfig, make_config
+    from hopbus.sim.run import simulate
+
+    cfg = make_config({"workers": 4, "iterations": 20, "mode": "backup"}, cls=RunConfig)
+    _, _, s = simulate(cfg)
+    s["lost_workers"] = [{"worker": 1, "iteration": 5, "t": 0.5}]
+    console = Console(record=True, width=200)
+    render.summary(console, s)
+    text = console.export_text()
+    assert "lost workers" in text and "worker 1 in iteration 5" in text, text
+    assert "went on without them" in text
