@@ -10,9 +10,11 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """Bad input. ``str(error)`` is the one line the user sees."""
+    """Bad input. ``str(error)`` is the one line the user sees; ``said``: it was printed
+    already (by a script hopbus ran, on the stderr it shares), so the CLI only exits."""
 
     exit_code = 2
+    said = False
 
 
 class ConfigError(UserError):

@@ -65,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if sys.stdout is not None:
             sys.stdout.flush()
     except UserError as exc:
+        if exc.said:
+            sys.exit(exc.exit_code)
         _fail(str(exc), exc.exit_code)
     except RedisError as exc:  # a reply the command did not expect (a key of another type...)
         _fail(f"Redis answered with an error: {exc}", 1)

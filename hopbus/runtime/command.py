@@ -170,8 +170,10 @@ def _outcome(
             "must call hopbus.join() and train until the run is done, e.g. model.fit with "
             "hopbus.keras.HopCallback)"
         )
-    elif said:
-        raise ScriptFailed(said[-1])
+    elif said:  # its own "hopbus: error:" line is on stderr already: not a second time
+        failed = ScriptFailed(said[-1])
+        failed.said = True
+        raise failed
     elif code < 0:
         why = f"worker {worker}: `{shown}` was killed by {signal.Signals(-code).name}"
     else:

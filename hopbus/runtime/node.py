@@ -339,13 +339,15 @@ class Node:
         dead = [j for j in peers if j in self._unseen and now - self._unseen[j] >= period]
         return dead if dead and self._lose(dead, what) else []
 
-    def _lose(self, dead: Sequence[int], what: str) -> bool:
+    def _lose(self, dead: Sequence[int], what: str, reason: str = "") -> bool:
         """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
-        (no spare capacity): stop the run for every node, naming them, and fail. A Hop worker
-        with backup workers may go on instead (Worker._lose)."""
+        (no spare capacity): stop the run for every node, naming them, and fail, saying why
+        it cannot go on (``reason``) if there is more to it. A Hop worker with backup workers
+        may go on instead (Worker._lose)."""
         why = (
             f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
             f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
+            + (f"; {reason}" if reason else "")
         )
         self.control.stop_run(f"{names(dead, self.ps_id)} died (heartbeat gone)")
         raise RunFailure(why)

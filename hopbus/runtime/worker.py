@@ -361,7 +361,7 @@ class Worker(Node):
         reason = survivable(self.spec.settings, self.topo, self.dead)
         if reason is None:
             return True
-        return super()._lose(dead, f"{what} ({reason})")
+        return super()._lose(dead, what, reason)
 
     # -- dead workers and their replacements (docs/faults.md) -------------------------------------
     def _set_dead(self, dead: frozenset[int], joining: frozenset[int]) -> None:

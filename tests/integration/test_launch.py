@@ -2,8 +2,8 @@
 COMMAND`` and ``hopbus.join()``, with real scripts, a real redis-server and real processes.
 
 The scripts are plain numpy loops written into the test's folder; faults are injected by name
-(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``) through the script's argument,
-as a user's bug would happen, not through hopbus.
+(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``, ``alone_in_the_run``) through
+the script's argument or the run's settings, as a user's bug would happen, not through hopbus.
 """
 
 from __future__ import annotations
@@ -288,6 +288,24 @@ def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, s
         f"hopbus: error: run {run} trains a script's model (hopbus launch): start its workers "
         f"with the script, hopbus worker --run {run} -- COMMAND ARGS..."
     ]
+
+
+def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
+    """Fault ``alone_in_the_run``: one copy of a 2-worker script run, the other never comes.
+    Its script says why it gives up (``hopbus: error: ...``); hopbus worker, whose stderr it
+    shares, does not say it a second time, and exits 1."""
+    run = f"once{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--iterations", "20", "--model", "script",
+                     "--timeout", "2", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    lone = subprocess.run(
+        hopbus_args("worker", "--run", run, "--", sys.executable, str(script), "none"),
+        capture_output=True, text=True, env=clean_env(HOPBUS_REDIS=redis_url), cwd=tmp_path,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert lone.returncode == 1, lone.stderr
+    said = error_lines(lone.stderr)
+    assert len(said) == 1 and "worker 1" in said[0], lone.stderr
 
 
 def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
