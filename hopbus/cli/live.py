@@ -48,6 +48,8 @@ def view(launcher: Launcher) -> Group:
         waits = " ".join(map(str, v.blocked_on)) if v.blocked_on else ""
         if i in rep.monitor.gone:
             waits, rate = "dead", 0.0
+        elif v.iteration >= cfg.iterations:  # its last wait is over: nothing to wait on
+            waits = "done"
         table.add_row(
             str(i),
             f"{v.iteration}/{cfg.iterations}",

@@ -197,6 +197,11 @@ def plot_cmd(
 
     if not path.exists():
         raise ConfigError(f"{str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ConfigError(
+            f"{str(path)!r} is a file: give the folder that holds it (a run's --out, or an "
+            "experiment's)"
+        )
     target = _output(out, path)
     if path.is_dir() and (path / RESULTS).is_file():
         series, title = _experiment(path, group)

@@ -22,6 +22,11 @@ def _bound(v: float | None) -> str:
     return INF if v is None else str(v)
 
 
+def _known(v: Any) -> str:
+    """A figure that may not exist yet (no worker has a counter): '-', never Python's None."""
+    return "-" if v is None else str(v)
+
+
 def _line(console: Console, text: str) -> None:
     console.print(text, soft_wrap=True, highlight=False)
 
@@ -262,8 +267,8 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
     b = g["bound"]
     _line(
         console,
-        f"gaps now: adjacent {g['max_adjacent']} (bound {_bound(b['adjacent'])}), any pair "
-        f"{g['max_any_pair']} (bound {_bound(b['any_pair'])})",
+        f"gaps now: adjacent {_known(g['max_adjacent'])} (bound {_bound(b['adjacent'])}), any "
+        f"pair {_known(g['max_any_pair'])} (bound {_bound(b['any_pair'])})",
     )
     tq = snap["token_queues"]
     if tq:

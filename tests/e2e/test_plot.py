@@ -133,6 +133,7 @@ def test_help_says_what_the_panels_show():
         ("unknown-group", "--group 'g3' is not a group of"),
         ("group-of-a-run", "--group is for an experiment folder"),
         ("out-in-no-folder", "does not exist"),
+        ("a-file", "is a file: give the folder that holds it"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -152,6 +153,9 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
         }.get(case, [])
+    elif case == "a-file":
+        _copy(run_folder, tmp_path / "r")
+        path = tmp_path / "r" / "summary.json"
     elif case in ("bad-summary-in-experiment", "unknown-group"):
         path = _experiment(tmp_path, run_folder)
         if case == "bad-summary-in-experiment":
