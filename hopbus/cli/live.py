@@ -79,6 +79,7 @@ class Display:
         self._said = ("", 0.0, 0.0)  # the last plain progress line, since, last printed
         self._noted = 0  # launcher.notes already printed
         self._launcher: Launcher | None = None
+        self._began = time.monotonic()
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -110,21 +111,26 @@ class Display:
             self.console.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
         self._noted = len(launcher.notes)
         rep = launcher.replay
-        if rep is None or now - self._last < PLAIN_EVERY_S:
+        if now - self._last < PLAIN_EVERY_S or (rep is None and now - self._began < PLAIN_EVERY_S):
             return
         self._last = now
-        its = [v.iteration for v in rep.views]
-        losses = [v.loss for v in rep.views if v.loss is not None]
-        loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
-        line = (
-            f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
-            f"{launcher.cfg.iterations}{loss}"
-        )
+        if rep is None:  # a watch of a run whose workers have not started (yet)
+            line = f"hopbus: run {launcher.keys.run}: no worker has started yet"
+        else:
+            its = [v.iteration for v in rep.views]
+            losses = [v.loss for v in rep.views if v.loss is not None]
+            loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
+            line = (
+                f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
+                f"{launcher.cfg.iterations}{loss}"
+            )
         said, since, printed = self._said
         if line == said and now - printed < PLAIN_SAME_S:
             return  # nothing moved: a log gets one line a minute, not twelve
         if line != said:
             since = now
         quiet = f" (no progress for {now - since:.0f} s)" if line == said else ""
+        if rep is None:
+            quiet = f" ({now - self._began:.0f} s)"
         self._said = (line, since, now)
         self.console.print(line + quiet, highlight=False, soft_wrap=True)

@@ -37,3 +37,19 @@ def test_a_run_that_does_not_move_gets_one_line_a_minute(monkeypatch):
         "hopbus: run r1: iterations 7..7 of 100, mean loss 0.5000 (no progress for 60 s)",
         "hopbus: run r1: iterations 7..7 of 100, mean loss 0.5000 (no progress for 120 s)",
     ]
+
+
+def test_a_watch_of_workers_that_never_start_says_so(monkeypatch):
+    """hopbus watch without a terminal, of a run whose workers do not come: not silence, but
+    a line after a few seconds and then once a minute, saying how long it has waited."""
+    clock = [1000.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    waiting = SimpleNamespace(notes=[], replay=None, keys=SimpleNamespace(run="r1"))
+    with live.Display(Console(file=out, force_terminal=False, width=200)) as display:
+        for second in range(0, 131):
+            clock[0] = 1000.0 + second
+            display.update(waiting)
+    assert out.getvalue().splitlines() == [
+        f"hopbus: run r1: no worker has started yet ({s} s)" for s in (5, 65, 125)
+    ]
