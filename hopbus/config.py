@@ -37,6 +37,10 @@ from hopbus.userfiles import read_text
 
 DEFAULT_WORKERS = 16
 MAX_ITERATIONS = 100_000_000  # iteration counters are 32-bit in the gap monitor
+MAX_BOUND = 1000
+"""The largest --staleness and --max-ig: a worker keeps up to that many updates per neighbour
+and Redis holds up to that many tokens per queue, pushed in one atomic step. Workers 1000
+iterations apart are not bound by anything in practice (the paper uses 5 to 20)."""
 MAX_SECONDS = 1e6  # a simulated Compute or message of more than 11 days is a typo
 
 
@@ -57,8 +61,12 @@ class RunConfig(BaseModel):
         description="Backup workers N_buw per worker (backup, hybrid): one value, or one per "
         "worker.",
     )
-    staleness: int = Field(5, ge=0, description="Staleness bound s (staleness, hybrid).")
-    max_ig: int = Field(5, ge=0, description="Token queue bound max_ig; 0 = no token queues.")
+    staleness: int = Field(
+        5, ge=0, le=MAX_BOUND, description="Staleness bound s (staleness, hybrid)."
+    )
+    max_ig: int = Field(
+        5, ge=0, le=MAX_BOUND, description="Token queue bound max_ig; 0 = no token queues."
+    )
     skip_max: int = Field(0, ge=0, description="Most iterations per jump; 0 = never jump.")
     skip_trigger: int = Field(1, ge=0, description="Jump only when more than this far behind.")
     iterations: int = Field(100, ge=1, le=MAX_ITERATIONS, description="Iterations per worker.")

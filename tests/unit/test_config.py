@@ -25,6 +25,10 @@ def test_defaults_and_topology_fills_in_workers():
         ({"backup": "1,x"}, "--backup: expected an integer"),
         ({"iterations": 0}, "--iterations"),
         ({"nonsense": 1}, "unknown setting 'nonsense'"),
+        # bounds so large that an inbox's queue limit overflows or one Lua call pushes
+        # millions of tokens into the broker: refused, not a hang
+        ({"staleness": 10**10, "mode": "staleness"}, "--staleness: input should be less"),
+        ({"max_ig": 10**8}, "--max-ig: input should be less"),
     ],
 )
 def test_bad_values_name_the_flag(values, match):
