@@ -106,6 +106,7 @@ class Worker(Node):
         self.iteration = 0  # the iteration this worker is in (entered), for _restore
         self._rebuild: set[int] = set()  # owners whose TokenQ(j->self) awaits a rebuild
         self._grace_until = 0.0  # after a restore: peers not back yet are not dead
+        self._restored_at = 0.0  # when it last put its state back (monotonic)
         self._started = False  # once its counter is in Redis (Start)
         self._newest_from: dict[int, int] = {}  # in-neighbour -> newest iteration it sent
 
@@ -271,6 +272,7 @@ class Worker(Node):
                 if owner in self._rebuild:  # after a restore: its counter is not back yet
                     if self._rebuild_tokens() is None:
                         break  # rebuilt: try again, having taken nothing
+                    self._check_rebuild_wait(owner)
                     time.sleep(0.05)  # polling for the owner to put its counter back
                 elif self.tokens.pop_one(owner, self.worker, LOOK_S):
                     need[owner] -= 1
@@ -572,6 +574,7 @@ class Worker(Node):
         )
         if self.spec.settings.max_ig > 0:
             self._rebuild = set(live(self.spec.out_peers, self.dead))
+        self._restored_at = time.monotonic()
         self._grace_until = time.monotonic() + self.heartbeat_s + LOOK_S
         self.counters["broker_restores"] = self.counters.get("broker_restores", 0) + 1
         log(f"{self.who}: Redis lost the run's state; put back iteration {self.iteration}")
@@ -585,6 +588,19 @@ class Worker(Node):
                 return j
             self._rebuild.discard(j)
         return None
+
+    def _check_rebuild_wait(self, owner: int) -> None:
+        """Waiting for ``owner`` to put its counter back after Redis restarted without it:
+        up to --timeout since the restore, however often the wait is looked at. An owner that
+        had ended before the restart never comes back (its final report went with the
+        broker's memory): the run fails, saying so, rather than wait forever."""
+        if time.monotonic() - self._restored_at > self.timeout:
+            raise RunFailure(
+                f"worker {self.worker} waited {self.timeout:g} s for worker {owner} to put its "
+                "state back in Redis, which restarted without the run's keys; it never did (it "
+                "may have ended before the restart: its final report went with the broker's "
+                "memory; a broker that persists its data, appendonly yes, keeps it)"
+            )
 
     def publish_floor(self, floor: int) -> None:
         """The floor a PublishFloor left for an Advance that never came (the last one)."""

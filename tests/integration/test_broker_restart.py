@@ -132,3 +132,29 @@ def test_a_redis_restored_from_a_stale_snapshot_is_ridden_out(broker, tmp_path, 
     assert all(w["iterations"] == 300 for w in s["per_worker"])
     assert sum(w.get("broker_restores", 0) for w in s["per_worker"]) == 4
     assert not processes_mentioning(run)
+
+
+def test_workers_that_ended_before_an_empty_restart_fail_the_run_in_time(broker, tmp_path):
+    """Fault ``restart_after_some_finished``: workers 0 and 1 reach the end and leave, slow
+    worker 2 is a few iterations short when Redis restarts empty. Their counters never come
+    back, nor their reports; worker 2 cannot rebuild its token queues. The run fails within
+    --timeout, saying so, instead of waiting forever."""
+    flags = ["-n", "3", "--iterations", "60", "--iter-time", "0.02", "--slowdown", "fixed:10@2"]
+    flags += ["--timeout", "5", "--heartbeat", "2", "--eval-every", "0"]
+    args, run = train_args(broker.url, tmp_path / "run", *flags)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())  # fmt: skip
+    keys = RunKeys(run)
+    with redis.Redis.from_url(broker.url) as client:
+        wait_iteration(client, keys, 0, 60)  # worker 2 is then within --max-ig 5 of the end,
+        wait_iteration(client, keys, 1, 60)  # 0.2 s an iteration
+        assert int(client.get(keys.iter(2))) < 60
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait()
+    broker.restart()
+    _, err = proc.communicate(timeout=120)
+    # the usual end: worker 2 waits --timeout for their counters and fails, naming the cause;
+    # where it got through on the queues as they were, the token invariant check fails (3)
+    said = {1: "to put its state back in Redis", 3: "invariant check failed"}
+    assert proc.returncode in said and said[proc.returncode] in err, (proc.returncode, err)
+    assert not processes_mentioning(run)
