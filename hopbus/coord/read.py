@@ -113,8 +113,9 @@ def result(
     """A worker's final report, if it is one: a JSON object whose ``iterations`` is the run's
     (every worker finishes there), equal to the worker's counter in Redis, from the worker's
     current incarnation (none recorded: the process that started with the run), beside its
-    heartbeat ``beat`` set to ``keys.FINISHED`` (the report's own script writes both). Anything
-    else (forged, left by a replaced process, half-written) is None."""
+    heartbeat ``beat`` set to ``keys.FINISHED`` (the report's own script writes both), every
+    field of the type a worker writes. Anything else (forged, left by a replaced process,
+    half-written) is None."""
     if text(beat, 40) != FINISHED:
         return None
     obj = json_object(raw)
@@ -125,9 +126,17 @@ def result(
         return None
     if integer(obj.get("incarnation", 0)) != (integer(incarnation) or 0):
         return None
-    for key in ("final_loss", "final_accuracy"):
-        value = obj.get(key)
-        if value is not None and number(value) is None:
+    for key, value in obj.items():  # what a worker writes: numbers, but for two fields
+        if key == "device":
+            ok = isinstance(value, str) and text(value, 64) == value
+        elif key == "sketch_exact":
+            ok = isinstance(value, bool)
+        else:  # losses (None: not evaluated), counters and times, which the summary adds up
+            loss = key in ("final_loss", "final_accuracy")
+            ok = (value is None and loss) or (
+                isinstance(value, int | float) and not isinstance(value, bool)
+            )
+        if not ok:
             return None
     return obj
 

@@ -69,6 +69,16 @@ class UsageError(UserError):
     """The session's calls in an order the protocol cannot follow (a bug in the caller)."""
 
 
+def _figure(name: str, value: Any) -> float | None:
+    """A final test loss or accuracy as a float (a numpy scalar too), or one line."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"finish(): {name} must be a number, not {type(value).__name__}") from None
+
+
 def first_non_finite(params: Params) -> str | None:
     """``"a NaN or infinity in 'name'"`` for the first tensor holding one, else None (one
     summing pass per tensor: transport.codec.finite)."""
@@ -331,6 +341,9 @@ class Session:
         n = self.node
         if loss is None and accuracy is None:
             loss, accuracy = self.last_eval
+        loss, accuracy = _figure("loss", loss), _figure("accuracy", accuracy)
+        if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+            raise UsageError(f"finish(): accuracy {accuracy} is not a fraction in [0, 1]")
         eff = self._next
         assert isinstance(eff, Finish)
 

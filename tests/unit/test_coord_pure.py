@@ -1,5 +1,6 @@
 """The parts of the cluster that need no server: key names, URLs, endpoints, fault specs."""
 
+import json
 import sys
 
 import pytest
@@ -97,3 +98,24 @@ def test_text_from_redis_cannot_drive_a_terminal():
     assert read.text("CSI\x9b2J") == "CSI 2J"  # C1 controls too
     assert read.text("x" * 600, 500) == "x" * 500 + "..."
     assert read.text(3) is None
+
+
+def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
+    """Fault ``mistyped_report``: a final report whose counters or losses are not numbers
+    (a string, a list) is refused where it is read, as a forged one is, so that the summary
+    that adds them up never meets them."""
+    from hopbus.coord import read
+    from hopbus.coord.keys import FINISHED
+
+    good = {"worker": 0, "iterations": 30, "final_loss": 0.1, "final_accuracy": 0.9,
+            "messages": 60, "cpu_s": 1.5, "device": "cpu", "sketch_exact": True}  # fmt: skip
+
+    def judge(report):
+        return read.result(json.dumps(report), counter=b"30", incarnation=None, iterations=30,
+                           beat=FINISHED.encode())  # fmt: skip
+
+    assert judge(good) == good
+    assert judge({**good, "final_loss": None}) is not None  # not evaluated
+    for bad in ({"messages": "x"}, {"final_loss": "0.3"}, {"max_update_queue": [1]},
+                {"device": 5}, {"sketch_exact": 1}, {"cpu_s": True}):  # fmt: skip
+        assert judge({**good, **bad}) is None, bad
