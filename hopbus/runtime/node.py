@@ -80,6 +80,14 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
             raise RunFailure(f"{self.who} lost Redis: {exc}") from None
 
 
+def bad_endpoint(exc: Exception, registry: str) -> str:
+    """One line for an endpoint ZeroMQ cannot connect to, as read from the run's registry
+    (which anything that can write the run's keys can change): control characters out."""
+    from hopbus.coord import read
+
+    return f"{read.text(str(exc), 300)} (read from {registry}: a worker's endpoint?)"
+
+
 def read_run_config(
     client: redis.Redis, keys: RunKeys, timeout: float
 ) -> tuple[TrainConfig, Topology]:
@@ -254,13 +262,16 @@ class Node:
 
     def _outbox(self, peers: Sequence[int], hwm: int) -> Outbox:
         assert self.ctx is not None
-        return Outbox(
-            self.ctx,
-            self._wait_endpoints(peers),
-            hwm=hwm,
-            send_timeout_s=self.timeout,
-            curve=self.curve_keys,
-        )
+        try:
+            return Outbox(
+                self.ctx,
+                self._wait_endpoints(peers),
+                hwm=hwm,
+                send_timeout_s=self.timeout,
+                curve=self.curve_keys,
+            )
+        except TransportError as exc:  # an endpoint in the registry that is not one
+            raise RunFailure(f"{self.who}: {bad_endpoint(exc, self.keys.addr)}") from None
 
     def _wait_endpoints(self, peers: Sequence[int]) -> dict[int, str]:
         deadline = time.monotonic() + self.timeout

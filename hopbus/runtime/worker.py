@@ -53,12 +53,13 @@ from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.protocol.store import Outcome, Update
 from hopbus.runtime.initial import differs, publish_initial, read_initial
-from hopbus.runtime.node import LOOK_S, Node, advertised, log
+from hopbus.runtime.node import LOOK_S, Node, advertised, bad_endpoint, log
 from hopbus.transport import (
     KIND_UPDATE,
     Layout,
     Message,
     Params,
+    TransportError,
     Validator,
     encode_update,
     hwm_for,
@@ -387,7 +388,10 @@ class Worker(Node):
             return  # Redis is away: the endpoints known stay, and are looked up next time
         for j, endpoint in found.items():
             if endpoint is not None and endpoint != self.outbox.endpoints.get(j):
-                self.outbox.replace(j, endpoint)
+                try:
+                    self.outbox.replace(j, endpoint)
+                except TransportError as exc:
+                    raise RunFailure(f"{self.who}: {bad_endpoint(exc, self.keys.addr)}") from None
                 log(f"{self.who}: sending to worker {j}'s replacement at {endpoint}")
         self._relink -= stale
 

@@ -3,7 +3,8 @@
 Each test injects one fault by its name, with real processes and a real redis-server:
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
-``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``per_run_user``.
+``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
+``per_run_user``.
 """
 
 from __future__ import annotations
@@ -350,6 +351,30 @@ def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_clien
     (tmp_path / "other" / "notes.txt").write_text("mine")
     refused = hopbus("watch", "--run", run, "--out", str(tmp_path / "other"), "--redis", redis_url)
     assert refused.returncode == 2 and "already holds files" in refused.stderr, refused.stderr
+
+
+def test_a_forged_endpoint_is_one_line(redis_url, redis_client):
+    """Fault ``forged_endpoint``: worker 1's endpoint in the registry rewritten to something
+    ZeroMQ cannot connect to, with a terminal escape in it. Worker 0, connecting to it,
+    fails with one line naming the registry: no traceback, no escape reaching the terminal."""
+    run = f"forgedaddr{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "20", "--timeout", "5", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    keys = RunKeys(run)
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    one = subprocess.Popen(hopbus_args("worker", "--run", run, "--id", "1"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: redis_client.hget(keys.addr, "1"), 30, "worker 1's endpoint")
+        redis_client.hset(keys.addr, "1", "tcp://[:::\x1b[2J")
+        zero = hopbus("worker", "--run", run, "--id", "0", env=env)
+    finally:
+        one.kill()
+        one.communicate(timeout=30)
+    assert zero.returncode == 1, zero.stderr
+    assert "Traceback" not in zero.stderr and "\x1b" not in zero.stderr, zero.stderr
+    assert error_lines(zero.stderr) and "hop:{" in error_lines(zero.stderr)[-1], zero.stderr
 
 
 def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
