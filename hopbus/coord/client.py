@@ -28,6 +28,15 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable url>"
+    at = url.rfind("@")
+    if at != -1:  # what comes before the last @ is credentials, whatever the parser made of it
+        scheme, sep, _ = url.partition("://")
+        if not sep:
+            scheme, sep, _ = url.partition(":")
+        userinfo = url[len(scheme) + len(sep) : at]
+        colon = ":" in parts.netloc.rpartition("@")[0]
+        if "@" not in parts.netloc or parts.netloc.rpartition("@")[0] != userinfo or not colon:
+            return f"{scheme}://***@{url[at + 1 :]}"  # a / ? # in it, or a bare password
     try:
         parts.port  # noqa: B018 (raises for a port that is not a number)
     except ValueError:

@@ -40,6 +40,18 @@ def test_passwords_are_redacted():
         "redis://h:1/0?PASSWORD=pw",
     ):
         assert "pw" not in redact(url).replace("password", "").replace("PASSWORD", ""), url
+    # fault ``password_with_a_slash``: a / ? or # in a password (base64 makes them), a password
+    # without its colon, a scheme typed wrong: all before the last @ goes
+    for url in (
+        "redis://:ab+c/d3f9Zq==@127.0.0.1:6392/0",
+        "rediss://u:p?x9Zq@h:1",
+        "redis://u:p#x9Zq@h:1",
+        "redis://x9Zq@h:1/0",
+        "redis:///:x9Zq@h:1",
+        "redis:x9Zq@h:1",
+    ):
+        shown = redact(url)
+        assert "9Zq" not in shown and shown.endswith(url[url.rfind("@") :]), (url, shown)
 
 
 def test_advertised_endpoint():
