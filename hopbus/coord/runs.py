@@ -154,8 +154,13 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
 
 
 def list_runs(client: redis.Redis) -> list[str]:
-    runs = {run_of_key(k.decode()) for k in client.scan_iter(match="hop:{*}:meta", count=1000)}
-    return sorted(r for r in runs if r)
+    """The runs this Redis holds: those whose meta key names a run id hopbus could have made
+    (a key written by something else, with escape sequences in it, say, is left out)."""
+    from hopbus.coord.keys import RUN_ID
+
+    keys = client.scan_iter(match="hop:{*}:meta", count=1000)
+    runs = {run_of_key(k.decode(errors="replace")) for k in keys}
+    return sorted(r for r in runs if r and RUN_ID.fullmatch(r))
 
 
 def clean_run(client: redis.Redis, keys: RunKeys) -> int:

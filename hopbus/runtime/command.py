@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import redis
 
+from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect
 from hopbus.coord.keys import RunKeys
@@ -132,6 +133,7 @@ def cause(tail: list[str]) -> str:
     """A failed script's last words in one line: a Python traceback's exception with the
     place it was raised (``TypeError: ... (train.py, line 33, in evaluate)``), else its last
     lines of stderr joined."""
+    tail = [read.text(line, 1000) or "" for line in tail]  # no escape reaches a terminal
     if not tail:
         return "it printed nothing on stderr"
     last = tail[-1].strip()

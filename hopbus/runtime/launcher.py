@@ -259,7 +259,7 @@ RESUMED_MARK = "hopbus: --- resumed from iteration "
 
 def _last_line(path: Path) -> str:
     """The node's last word in its log: its last error line, else its last line (of the
-    resumed part only, in a resumed run's log)."""
+    resumed part only, in a resumed run's log), control characters out."""
     try:
         lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
@@ -267,10 +267,12 @@ def _last_line(path: Path) -> str:
     marks = [i for i, x in enumerate(lines) if x.startswith(RESUMED_MARK)]
     if marks:
         lines = lines[marks[-1] + 1 :]
-    for line in reversed(lines):
-        if line.startswith("hopbus: error: "):
-            return line[len("hopbus: error: ") :]
-    return lines[-1] if lines else ""
+    last = next((x for x in reversed(lines) if x.startswith("hopbus: error: ")), None)
+    if last is not None:
+        last = last[len("hopbus: error: ") :]
+    elif lines:
+        last = lines[-1]
+    return read.text(last, 1000) or ""  # a script's words: no escape reaches the terminal
 
 
 def _why(p: Proc, code: int | None) -> str:

@@ -4,7 +4,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
-``per_run_user``.
+``escape_in_a_run_id``, ``per_run_user``.
 """
 
 from __future__ import annotations
@@ -375,6 +375,18 @@ def test_a_forged_endpoint_is_one_line(redis_url, redis_client):
     assert zero.returncode == 1, zero.stderr
     assert "Traceback" not in zero.stderr and "\x1b" not in zero.stderr, zero.stderr
     assert error_lines(zero.stderr) and "hop:{" in error_lines(zero.stderr)[-1], zero.stderr
+
+
+def test_a_key_named_with_escapes_reaches_no_terminal(redis_url, redis_client):
+    """Fault ``escape_in_a_run_id``: a meta key whose "run id" holds terminal escapes (and one
+    that is not UTF-8): inspect --list and top --once leave them out, they are no runs."""
+    redis_client.hset("hop:{evil\x1b]0;TITLE\x07\x1b[2J}:meta", "status", "running")
+    redis_client.hset(b"hop:{bad\xff}:meta", "status", "running")
+    for args in (("inspect", "--list"), ("top", "--once")):
+        p = hopbus(*args, "--redis", redis_url)
+        assert "\x1b" not in p.stdout + p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert "evil" not in p.stdout, p.stdout
+    redis_client.delete("hop:{evil\x1b]0;TITLE\x07\x1b[2J}:meta", b"hop:{bad\xff}:meta")
 
 
 def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
