@@ -172,7 +172,7 @@ def readable(folder: Path, worker: int, iteration: int) -> bool:
             if zf.testzip() is not None:
                 return False
             meta = _read_meta(zf)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+    except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError):
         return False
     return meta.get("worker") == worker and meta.get("iteration") == iteration
 
@@ -219,7 +219,7 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError) as exc:
         raise CheckpointError(
             f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__})"
         ) from None
@@ -276,7 +276,7 @@ def run_of(folder: Path, worker: int, iteration: int) -> str:
     try:
         with zipfile.ZipFile(path_of(folder, worker, iteration)) as zf:
             return str(_read_meta(zf).get("run", ""))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError) as exc:
         path = path_of(folder, worker, iteration)
         raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from None
 

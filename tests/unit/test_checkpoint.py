@@ -3,6 +3,7 @@ training state round-tripped through one (hopbus/runtime/checkpoint.py)."""
 
 from __future__ import annotations
 
+import io
 import zipfile
 
 import numpy as np
@@ -218,3 +219,23 @@ def test_a_set_whose_position_cannot_be_resumed_is_passed_over_for_an_older_one(
     assert ck.newest_complete(tmp_path, 2, skipped, full=True) == 10
     assert skipped and str(ck.path_of(tmp_path, 1, 20)) in skipped[0]
     assert "malformed minibatch position" in skipped[0]
+
+
+def test_a_meta_nested_too_deep_is_unreadable_not_a_traceback(tmp_path):
+    """Fault ``deep_meta``: a checkpoint whose meta is JSON nested 200,000 deep (json.loads
+    recurses): skipped by the set search and refused by load with one line."""
+    save_all(tmp_path, range(2), 10)
+    save_all(tmp_path, range(2), 20)
+    path = ck.path_of(tmp_path, 0, 20)
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    buf = io.BytesIO()
+    np.save(buf, np.array("[" * 200_000))
+    members["meta.npy"] = buf.getvalue()
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    assert not ck.readable(tmp_path, 0, 20)
+    assert ck.newest_complete(tmp_path, 2) == 10
+    with pytest.raises(CheckpointError):
+        ck.load(tmp_path, 0, 20)
