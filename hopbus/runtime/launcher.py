@@ -377,6 +377,9 @@ class Launcher:
         self.procs.append(Proc(node, popen, log, name=name))
 
     def stop_workers(self) -> None:
+        """Stop every process it started, and then what they started and left behind (a
+        script's own children, forked and forgotten): each worker runs in a session of its
+        own, so its process group holds them all."""
         live = [p for p in self.procs if p.popen.poll() is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
@@ -388,6 +391,12 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 p.popen.kill()
                 p.popen.wait()
+        left = _signal_groups([p.popen.pid for p in self.procs], signal.SIGTERM)
+        deadline = time.monotonic() + 1.0
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the leftovers to go: they are no children of ours
+            left = _signal_groups(left, 0)
+        _signal_groups(left, signal.SIGKILL)
 
     def run(self) -> Outcome:
         """The whole run; always stops every process it started before returning or raising."""
@@ -1008,6 +1017,18 @@ class Watcher(Launcher):
         self._sync_membership()  # declared by its neighbours, or replaced
         self._note_late(set(range(n)) - done, done)
         return len(done) + len(self.lost) >= n + (ps is not None), None
+
+
+def _signal_groups(groups: list[int], sig: int) -> list[int]:
+    """Send ``sig`` to each process group; the groups that still had a process."""
+    alive = []
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            continue
+        alive.append(group)
+    return alive
 
 
 def _finish(launcher: Launcher) -> Outcome:

@@ -2,8 +2,9 @@
 COMMAND`` and ``hopbus.join()``, with real scripts, a real redis-server and real processes.
 
 The scripts are plain numpy loops written into the test's folder; faults are injected by name
-(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``, ``alone_in_the_run``) through
-the script's argument or the run's settings, as a user's bug would happen, not through hopbus.
+(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``, ``alone_in_the_run``,
+``forked_child``) through the script's argument or the run's settings, as a user's bug would
+happen, not through hopbus.
 """
 
 from __future__ import annotations
@@ -306,6 +307,24 @@ def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
     assert lone.returncode == 1, lone.stderr
     said = error_lines(lone.stderr)
     assert len(said) == 1 and "worker 1" in said[0], lone.stderr
+
+
+def test_what_a_script_forks_and_forgets_goes_with_the_run(redis_url, tmp_path, script):
+    """Fault ``forked_child``: each copy of the script starts a process it never waits for
+    (``sleep``, in the background) and then trains to the end. When hopbus launch is done,
+    nothing of them is left running."""
+    marker = str(300 + os.getpid() % 600)  # a sleep no other test starts
+    wrapper = tmp_path / "forks.py"
+    wrapper.write_text(
+        "import runpy, subprocess, sys\n"
+        f"subprocess.Popen(['sleep', '{marker}.5'])\n"
+        f"sys.argv = [{str(script)!r}, 'none']\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    p, s, _ = launch(redis_url, tmp_path / "run", "-n", "2", "--topology", "ring",
+                     "--iterations", "20", command=[sys.executable, str(wrapper)])  # fmt: skip
+    assert p.returncode == 0 and s["finished"], p.stderr
+    assert not processes_mentioning(f"sleep {marker}.5")
 
 
 def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
