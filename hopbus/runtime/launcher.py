@@ -1350,7 +1350,13 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
     if at is None:
         why = "" if cfg.checkpoint_every else " (the run was started without --checkpoint-every)"
         raise ConfigError(f"no complete checkpoint set in {folder_ck}: nothing to resume{why}")
-    run = RunKeys(run_of(folder_ck, 0, at)).run  # validated as a run id
+    named = {run_of(folder_ck, i, at) for i in range(topo.n)}
+    if len(named) > 1:  # the run whose keys a resume clears and takes over: one, or none
+        raise ConfigError(
+            f"--resume {target!r}: the checkpoints of iteration {at} in {folder_ck} name "
+            f"different runs ({', '.join(sorted(map(repr, named)))[:200]}): not one run's set"
+        )
+    run = RunKeys(named.pop()).run  # validated as a run id
     return ResumePlan(folder, run, cfg, at, topo.n)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hopbus.config import TrainConfig
+from hopbus.errors import ConfigError
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime import checkpoint as ck
 from hopbus.runtime.checkpoint import CheckpointError, WorkerState
@@ -239,3 +240,18 @@ def test_a_meta_nested_too_deep_is_unreadable_not_a_traceback(tmp_path):
     assert ck.newest_complete(tmp_path, 2) == 10
     with pytest.raises(CheckpointError):
         ck.load(tmp_path, 0, 20)
+
+
+def test_a_set_whose_files_name_different_runs_is_not_resumed(tmp_path):
+    """Fault ``foreign_run_in_a_checkpoint``: worker 0's checkpoint of the newest set says it
+    belongs to another run. A resume would clear that run's keys in a shared Redis and take
+    it over: refused with one line before anything is touched."""
+    from hopbus.runtime.launcher import CHECKPOINTS, plan_resume, write_config_toml
+
+    cfg = TrainConfig(workers=2, topology="ring", model="softmax", iterations=100)
+    write_config_toml(tmp_path / "config.toml", cfg)
+    save_all(tmp_path / CHECKPOINTS, range(2), 20)
+    assert plan_resume(str(tmp_path)).run == "r1"
+    ck.save(tmp_path / CHECKPOINTS, 0, 20, state(), run="someone-else", model="softmax")
+    with pytest.raises(ConfigError, match="name different runs"):
+        plan_resume(str(tmp_path))
