@@ -676,16 +676,33 @@ class Launcher:
         counters = dict(
             zip(workers, self.r.mget([self.keys.iter(w) for w in workers]), strict=True)
         )
+        marked = self._marked(entries)
         out = []
         for entry in entries:
             rec = entry[1]
             counter = read.integer(counters.get(rec["worker"]))
-            if counter is not None and rec["iter"] > counter:
+            forged = (rec.get("dead") or rec.get("rejoin")) and rec["worker"] not in marked
+            if forged or (counter is not None and rec["iter"] > counter):
                 assert self.replay is not None
                 self.replay.rejected += 1
                 continue
             out.append(entry)
         return out
+
+    def _marked(self, entries: list[tuple[str, dict[str, Any]]]) -> set[int]:
+        """The workers among ``entries``' death and rejoin markers that did die: in the dead
+        set now, or replaced since (an incarnation recorded). Only the Lua scripts that
+        declare a death or let a replacement in write these markers; one for a worker that
+        never died was written by something else, and would fake a gap. One round trip, and
+        only when there are markers."""
+        named = {rec["worker"] for _, rec in entries if rec.get("dead") or rec.get("rejoin")}
+        if not named:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
+        members, incarnations = pipe.execute()
+        replaced = {read.integer(k, 0, self.topo.n - 1) for k in incarnations}
+        return named & (read.ids(members, self.topo.n) | replaced)
 
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"

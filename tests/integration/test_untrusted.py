@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,8 @@ def _two_workers(redis_url: str, run: str, *flags: str) -> list[subprocess.Popen
 
 def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_client, tmp_path):
     """Faults ``forged_progress`` and ``forged_report``: entries that no worker wrote (a
-    malformed one, one far ahead, one claiming the future) and a final report for every
+    malformed one, one far ahead, one claiming the future, a death and a rejoin of workers
+    that never died) and a final report for every
     worker at the last iteration, while the run is at a third of it."""
     flags = ["-n", "4", "--iterations", "900", "--iter-time", "0.01", "--eval-every", "0"]
     proc, run, keys = _start(redis_url, tmp_path, *flags)
@@ -200,6 +202,9 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     redis_client.xadd(keys.progress, {"worker": 1, "iter": 890, "jump": 5})
     redis_client.xadd(keys.progress, {"worker": 2, "iter": 899})
     redis_client.xadd(keys.progress, {"worker": 9, "iter": 2})
+    # markers only the death and rejoin scripts write, for workers that never died
+    redis_client.xadd(keys.progress, {"worker": 1, "iter": 5, "dead": 1, "t": time.time()})
+    redis_client.xadd(keys.progress, {"worker": 3, "iter": 1, "rejoin": 1, "t": time.time()})
     watch = subprocess.Popen(
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
                     "--json"),
@@ -212,8 +217,9 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     s = json.loads(out)
     assert s["finished"] and s["violations"] == 0, s["first_violation"]
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
-    assert s["refused"]["progress_entries"] == 4
-    assert "refused 4 progress entries" in err
+    assert s["refused"]["progress_entries"] == 6
+    assert "refused 6 progress entries" in err
+    assert s["lost_workers"] == [] and not s.get("rejoined_workers"), s["lost_workers"]
     w_out, w_err = watch.communicate(timeout=60)
     assert watch.returncode == 0, w_err
     w = json.loads(w_out)
