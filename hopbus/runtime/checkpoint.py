@@ -245,6 +245,12 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
                     f"checkpoint {path} holds {kind} {name!r} that are not all finite numbers "
                     "(the run had diverged): resume from an older set (remove this one)"
                 )
+    for name, a in optimizer.items():  # momentum for parameters it holds, shaped like them
+        if name not in params or a.shape != params[name].shape:
+            raise CheckpointError(
+                f"checkpoint {path} holds optimizer state {name!r} that fits none of its "
+                "parameters: resume from an older set (remove this one)"
+            )
     order = arrays.get("data/order")
     stream = meta.get("stream") or {}
     if not isinstance(stream, dict) or (order is not None and position_problem(order, stream)):

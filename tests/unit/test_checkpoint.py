@@ -255,3 +255,14 @@ def test_a_set_whose_files_name_different_runs_is_not_resumed(tmp_path):
     ck.save(tmp_path / CHECKPOINTS, 0, 20, state(), run="someone-else", model="softmax")
     with pytest.raises(ConfigError, match="name different runs"):
         plan_resume(str(tmp_path))
+
+
+def test_momentum_that_fits_no_parameter_is_refused(tmp_path):
+    """Fault ``misshapen_momentum``: a checkpoint whose optimizer state has another shape
+    than its parameter (or names none of them) is refused in one line, not silently taken for
+    zero momentum."""
+    for bad in ({"w": np.zeros((2, 2), np.float32)}, {"nope": np.zeros(2, np.float32)}):
+        s = state()
+        ck.save(tmp_path, 0, 10, WorkerState(s.params, bad, s.order, s.stream), run="r1")
+        with pytest.raises(CheckpointError, match="fits none of its parameters"):
+            ck.load(tmp_path, 0, 10)
