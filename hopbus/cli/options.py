@@ -203,7 +203,8 @@ RedisUrl = Annotated[
         help="Redis to coordinate through: redis://[user:password@]host:port/db, rediss://... "
         "(TLS) or unix:///path. Prefer the HOPBUS_REDIS variable for URLs with a password: "
         "command lines are visible to other users. [default: train starts a private "
-        "redis-server (launch too); create, worker, ps, watch, inspect, top and clean use redis://127.0.0.1:6379/0]",
+        "redis-server (launch too); create, worker, ps, watch, inspect, top and clean use "
+        "redis://127.0.0.1:6379/0]",
         show_default=False,
         rich_help_panel=PANEL_CLUSTER,
     ),
