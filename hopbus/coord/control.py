@@ -138,7 +138,7 @@ _DECLARE_DEAD = (
     _FINISHED
     + """
 if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
-if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if ARGV[4] ~= '1' and redis.call('PTTL', KEYS[1]) > 0 then return 0 end
 if ARGV[4] ~= '1' and redis.call('HGET', KEYS[8], ARGV[1]) ~= ARGV[8] then return 0 end
 if finished(KEYS[1], KEYS[6], KEYS[7], KEYS[5], ARGV[1], ARGV[7]) then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
@@ -701,10 +701,15 @@ class RunControl:
         return read.text(self.r.get(self.keys.stop), 500) or reason
 
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
+        """Per node: beating (a heartbeat with its TTL), or finished (its marker)."""
         pipe = self.r.pipeline(transaction=False)
         for j in of:
-            pipe.exists(self.keys.hb(j))
-        return {j: bool(x) for j, x in zip(of, pipe.execute(), strict=True)}
+            pipe.get(self.keys.hb(j)).pttl(self.keys.hb(j))
+        got = pipe.execute()
+        return {
+            j: read.beating(v, t) or read.text(v, 40) == FINISHED
+            for j, v, t in zip(of, got[::2], got[1::2], strict=True)
+        }
 
 
 def _members(values: Any) -> frozenset[int]:

@@ -107,6 +107,13 @@ def int_list(raw: Any, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
+def beating(value: Any, pttl: Any) -> bool:
+    """Whether a heartbeat key says its node is alive: hopbus writes a live one with a TTL
+    (``pttl`` > 0, in ms) and a finished node's marker without one. A value without a TTL
+    that is not the marker was written by something else, and keeps nobody alive."""
+    return isinstance(pttl, int) and pttl > 0 and text(value, 40) != FINISHED
+
+
 def result(
     raw: Any, *, counter: Any, incarnation: Any, iterations: int, beat: Any
 ) -> dict[str, Any] | None:
@@ -143,6 +150,7 @@ def result(
 
 __all__ = [
     "MAX_INT",
+    "beating",
     "finite_number",
     "ids",
     "int_list",

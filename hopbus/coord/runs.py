@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from hopbus.coord.keys import FINISHED, RunKeys, run_of_key
+from hopbus.coord.keys import RunKeys, run_of_key
 from hopbus.errors import UserError
 
 
@@ -130,7 +130,9 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     pipe.mget([keys.hb(i) for i in range(workers + 1)])  # and a parameter server's, node N
     pipe.smembers(keys.dead)
     pipe.hlen(keys.addr)
-    results, counters, incarnations, stopped, beats, dead, registered = pipe.execute()
+    for i in range(workers + 1):
+        pipe.pttl(keys.hb(i))
+    results, counters, incarnations, stopped, beats, dead, registered, *ttls = pipe.execute()
     reported = {
         i
         for i in range(workers)
@@ -144,7 +146,7 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "finished"
     if stopped:
         return "failed"
-    if any(b is not None and read.text(b, 40) != FINISHED for b in beats):
+    if any(read.beating(b, t) for b, t in zip(beats, ttls, strict=True)):
         return "running"
     if recorded == "stopped":
         return recorded

@@ -482,10 +482,15 @@ class Launcher:
         (a process of it still alive would write into the same folder: refuse then), and
         delete the keys it left in Redis (none with a private redis-server)."""
         hb = [self.keys.hb(i) for i in range(self.topo.n + 1)]  # + a parameter server's
-        not_live = (None, FINISHED.encode())
         deadline = time.monotonic() + self.cfg.heartbeat + 1.0  # the heartbeats' longest TTL
         while True:
-            beating = [k for k, v in zip(hb, self.r.mget(hb), strict=True) if v not in not_live]
+            pipe = self.r.pipeline(transaction=False)
+            for k in hb:
+                pipe.get(k).pttl(k)
+            got = pipe.execute()
+            beating = [
+                k for k, v, t in zip(hb, got[::2], got[1::2], strict=True) if read.beating(v, t)
+            ]
             if not beating:
                 break
             if time.monotonic() >= deadline:
@@ -581,7 +586,17 @@ class Launcher:
         its heartbeat back within one period, whether a restarted Redis lost it or something
         deleted it."""
         now = time.monotonic()
-        gone = {i for i in nodes if i not in finished and not self.r.exists(self.keys.hb(i))}
+        looked = sorted(nodes - finished)
+        pipe = self.r.pipeline(transaction=False)
+        for i in looked:
+            pipe.get(self.keys.hb(i)).pttl(self.keys.hb(i))
+        got = pipe.execute() if looked else []
+        beats = dict(zip(looked, zip(got[::2], got[1::2], strict=True), strict=True))
+        gone = {  # no heartbeat, nor a finished node's marker
+            i
+            for i, (value, pttl) in beats.items()
+            if not read.beating(value, pttl) and read.text(value, 40) != FINISHED
+        }
         seen = {i: self._missing.get(i) for i in gone}
         self._missing = {i: now if t is None else t for i, t in seen.items()}
         period = self.cfg.heartbeat / 3

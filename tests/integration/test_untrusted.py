@@ -4,7 +4,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
-``escape_in_a_run_id``, ``per_run_user``.
+``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``.
 """
 
 from __future__ import annotations
@@ -393,6 +393,30 @@ def test_a_key_named_with_escapes_reaches_no_terminal(redis_url, redis_client):
         assert "\x1b" not in p.stdout + p.stderr and "Traceback" not in p.stderr, p.stderr
         assert "evil" not in p.stdout, p.stdout
     redis_client.delete("hop:{evil\x1b]0;TITLE\x07\x1b[2J}:meta", b"hop:{bad\xff}:meta")
+
+
+def test_a_heartbeat_without_a_ttl_keeps_no_dead_worker_alive(redis_url, redis_client, tmp_path):
+    """Fault ``immortal_heartbeat``: both workers of a run killed, their heartbeat keys then
+    written without a TTL (hopbus writes a live one only with its TTL, a finished marker
+    only as such). hopbus watch still sees them gone and ends the run, status failed; clean
+    then takes it without --force."""
+    run = f"immortal{os.getpid()}"
+    workers = _two_workers(redis_url, run, "--iterations", "100000", "--iter-time", "0.02",
+                           "--heartbeat", "2")  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 0, 10)
+    for w in workers:
+        w.kill()
+        w.communicate(timeout=30)
+    for i in range(2):
+        redis_client.set(keys.hb(i), "1795562000.5")  # no TTL
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   timeout=120)  # fmt: skip
+    assert watch.returncode == 1, watch.stderr
+    assert "heartbeat gone" in watch.stderr, watch.stderr
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] != "running", snap["status"]
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
 
 
 def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
