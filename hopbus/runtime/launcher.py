@@ -1142,6 +1142,9 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
     out = out if out is not None else Path("runs") / keys.run
     if (out.exists() or out.is_symlink()) and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is not a folder: choose another --out")
+    board = out / TENSORBOARD
+    if board.is_symlink() or (board.exists() and not board.is_dir()):
+        raise ConfigError(f"--out {str(out)!r}: its {TENSORBOARD} is not a folder of its own")
     if out.exists() and any(p.name != TENSORBOARD for p in out.iterdir()):
         if watch and _watched_before(out, keys.run):
             return out

@@ -84,7 +84,17 @@ def test_an_inbox_its_peers_cannot_reach_is_named(redis_url, tmp_path):
 
 
 def test_small_refusals_of_the_cli(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (linked / "tensorboard").symlink_to(tmp_path / "elsewhere")  # scalars would go there
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("mine")
     for args, expected in (
+        (["train", "--out", str(tmp_path / "afile")], "is not a folder"),
+        (["train", "--out", str(linked)], "its tensorboard is not a folder of its own"),
+        (["train", "--out", str(tmp_path / "notes")], "already holds files"),
         (["train", "--run", ""], "--run '': a run id is 1 to 64 letters"),
         (["train", "-n", "5000", "--data", "synthetic:10000,8,2"], "more than 256 is not"),
         (["launch", "-n", "300", "--", "true"], "hopbus launch starts one process per worker"),
