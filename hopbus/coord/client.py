@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -30,12 +31,10 @@ def redact(url: str) -> str:
         return "<unparsable url>"
     at = url.rfind("@")
     if at != -1:  # what comes before the last @ is credentials, whatever the parser made of it
-        scheme, sep, _ = url.partition("://")
-        if not sep:
-            scheme, sep, _ = url.partition(":")
-        userinfo = url[len(scheme) + len(sep) : at]
+        userinfo = _userinfo(url, at)
         colon = ":" in parts.netloc.rpartition("@")[0]
         if "@" not in parts.netloc or parts.netloc.rpartition("@")[0] != userinfo or not colon:
+            scheme = url.partition(":")[0]
             return f"{scheme}://***@{url[at + 1 :]}"  # a / ? # in it, or a bare password
     try:
         parts.port  # noqa: B018 (raises for a port that is not a number)
@@ -55,6 +54,15 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def _userinfo(url: str, at: int) -> str:
+    """What stands between a URL's scheme (``redis://``, or a mistyped ``redis:``) and its
+    ``at``: its credentials, as the user meant them."""
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        scheme, sep, _ = url.partition(":")
+    return url[len(scheme) + len(sep) : at]
+
+
 _URL_SECRET = re.compile(r"(rediss?://[^:/@\s]*:)[^@\s]+@")
 
 
@@ -64,15 +72,29 @@ def scrub(text: str, *urls: str) -> str:
     file may carry whatever the file held; this is the last line of defence, after every
     message was written not to quote such content."""
     text = _URL_SECRET.sub(r"\1***@", text)
+    text = _URL_BARE_SECRET.sub(r"\1***@", text)
     for url in (*urls, os.environ.get("HOPBUS_REDIS", "")):
-        try:
-            secret = urlsplit(url).password if url else None
-        except ValueError:
-            secret = None
-        if secret and len(secret) >= 4:
+        for secret in _secrets(url):
             text = text.replace(secret, "***")
             text = text.replace(unquote(secret), "***")
     return text
+
+
+_URL_BARE_SECRET = re.compile(r"(rediss?://)[^:/@\s]+@")
+"""A URL's user part without a colon: most likely a password given without its ':'."""
+
+
+def _secrets(url: str) -> list[str]:
+    """What in ``url`` is secret: its password as parsed, and what stands before its last @
+    (after the ':' there is one; all of it without one), however the parser took it."""
+    found = []
+    with contextlib.suppress(ValueError):
+        found.append(urlsplit(url).password or "")
+    at = url.rfind("@")
+    if at != -1:
+        user, colon, password = _userinfo(url, at).lstrip("/").partition(":")
+        found.append(password if colon else user)
+    return [s for s in found if len(s) >= 4]
 
 
 def check_url(url: str) -> None:

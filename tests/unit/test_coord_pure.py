@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from hopbus.coord import broker
-from hopbus.coord.client import redact
+from hopbus.coord.client import redact, scrub
 from hopbus.coord.keys import RunKeys, run_of_key
 from hopbus.errors import ConfigError, UserError
 from hopbus.runtime.faults import Faults
@@ -52,6 +52,10 @@ def test_passwords_are_redacted():
     ):
         shown = redact(url)
         assert "9Zq" not in shown and shown.endswith(url[url.rfind("@") :]), (url, shown)
+        # and in any text that quotes it, or quotes its secret part alone (HOPBUS_REDIS)
+        secret = url[: url.rfind("@")].split(":", 1)[1].lstrip("/").removeprefix(":")
+        text = scrub(f"failed: {url}; its password: {secret}", url)
+        assert "9Zq" not in text, (url, text)
 
 
 def test_advertised_endpoint():
