@@ -702,14 +702,17 @@ class RunControl:
 
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
         """Per node: beating (a heartbeat with its TTL), or finished (its marker)."""
-        pipe = self.r.pipeline(transaction=False)
-        for j in of:
-            pipe.get(self.keys.hb(j)).pttl(self.keys.hb(j))
-        got = pipe.execute()
-        return {
-            j: read.beating(v, t) or read.text(v, 40) == FINISHED
-            for j, v, t in zip(of, got[::2], got[1::2], strict=True)
-        }
+        return {j: not read.gone(*beat) for j, beat in heartbeats(self.r, self.keys, of).items()}
+
+
+def heartbeats(client: Any, keys: RunKeys, nodes: Sequence[int]) -> dict[int, tuple[Any, Any]]:
+    """Each node's heartbeat key as (value, PTTL in ms), in one round trip: ``read.beating``
+    and ``read.gone`` judge them."""
+    pipe = client.pipeline(transaction=False)
+    for j in nodes:
+        pipe.get(keys.hb(j)).pttl(keys.hb(j))
+    got = pipe.execute() if nodes else []
+    return dict(zip(nodes, zip(got[::2], got[1::2], strict=True), strict=True))
 
 
 def _members(values: Any) -> frozenset[int]:

@@ -114,6 +114,11 @@ def beating(value: Any, pttl: Any) -> bool:
     return isinstance(pttl, int) and pttl > 0 and text(value, 40) != FINISHED
 
 
+def gone(value: Any, pttl: Any) -> bool:
+    """Whether a heartbeat key says its node is gone: neither beating nor finished."""
+    return not beating(value, pttl) and text(value, 40) != FINISHED
+
+
 def result(
     raw: Any, *, counter: Any, incarnation: Any, iterations: int, beat: Any
 ) -> dict[str, Any] | None:
@@ -152,6 +157,7 @@ __all__ = [
     "MAX_INT",
     "beating",
     "finite_number",
+    "gone",
     "ids",
     "int_list",
     "integer",

@@ -481,16 +481,13 @@ class Launcher:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
         (a process of it still alive would write into the same folder: refuse then), and
         delete the keys it left in Redis (none with a private redis-server)."""
-        hb = [self.keys.hb(i) for i in range(self.topo.n + 1)]  # + a parameter server's
+        from hopbus.coord.control import heartbeats
+
+        nodes = list(range(self.topo.n + 1))  # + a parameter server's
         deadline = time.monotonic() + self.cfg.heartbeat + 1.0  # the heartbeats' longest TTL
         while True:
-            pipe = self.r.pipeline(transaction=False)
-            for k in hb:
-                pipe.get(k).pttl(k)
-            got = pipe.execute()
-            beating = [
-                k for k, v, t in zip(hb, got[::2], got[1::2], strict=True) if read.beating(v, t)
-            ]
+            beats = heartbeats(self.r, self.keys, nodes)
+            beating = [self.keys.hb(i) for i, beat in beats.items() if read.beating(*beat)]
             if not beating:
                 break
             if time.monotonic() >= deadline:
@@ -585,18 +582,11 @@ class Launcher:
         a whole renewal period (--heartbeat / 3) and at two looks at least: a live node puts
         its heartbeat back within one period, whether a restarted Redis lost it or something
         deleted it."""
+        from hopbus.coord.control import heartbeats
+
         now = time.monotonic()
-        looked = sorted(nodes - finished)
-        pipe = self.r.pipeline(transaction=False)
-        for i in looked:
-            pipe.get(self.keys.hb(i)).pttl(self.keys.hb(i))
-        got = pipe.execute() if looked else []
-        beats = dict(zip(looked, zip(got[::2], got[1::2], strict=True), strict=True))
-        gone = {  # no heartbeat, nor a finished node's marker
-            i
-            for i, (value, pttl) in beats.items()
-            if not read.beating(value, pttl) and read.text(value, 40) != FINISHED
-        }
+        beats = heartbeats(self.r, self.keys, sorted(nodes - finished))
+        gone = {i for i, beat in beats.items() if read.gone(*beat)}
         seen = {i: self._missing.get(i) for i in gone}
         self._missing = {i: now if t is None else t for i, t in seen.items()}
         period = self.cfg.heartbeat / 3
