@@ -597,14 +597,8 @@ class Launcher:
         (a replacement, or a worker whose neighbours noticed first); a newer incarnation of a
         worker that is out of the dead set is a replacement that took its place (``hopbus
         worker --rejoin``), even if its death came and went between two looks."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
-        members, incarnations = pipe.execute()
-        dead = read.ids(members, self.topo.n)
-        pairs = (
-            (read.integer(k, 0, self.topo.n - 1), read.integer(v)) for k, v in incarnations.items()
-        )
-        for i, n in sorted((i, n) for i, n in pairs if i is not None and n is not None):
+        dead, incarnations = self._membership()
+        for i, n in sorted(incarnations.items()):
             if i not in dead and self._incarnations.get(i) != n:
                 self._incarnations[i] = n
                 self.lost.pop(i, None)
@@ -703,11 +697,21 @@ class Launcher:
         named = {rec["worker"] for _, rec in entries if rec.get("dead") or rec.get("rejoin")}
         if not named:
             return set()
+        dead, incarnations = self._membership()
+        return named & (dead | set(incarnations))
+
+    def _membership(self) -> tuple[set[int], dict[int, int]]:
+        """The run's dead set, and its incarnations (worker -> its newest replacement's
+        number), in one round trip; malformed members and entries left out."""
         pipe = self.r.pipeline(transaction=False)
         pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
         members, incarnations = pipe.execute()
-        replaced = {read.integer(k, 0, self.topo.n - 1) for k in incarnations}
-        return named & (read.ids(members, self.topo.n) | replaced)
+        pairs = (
+            (read.integer(k, 0, self.topo.n - 1), read.integer(v)) for k, v in incarnations.items()
+        )
+        return read.ids(members, self.topo.n), {
+            i: n for i, n in pairs if i is not None and n is not None
+        }
 
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"

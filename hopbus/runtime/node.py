@@ -80,14 +80,6 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
             raise RunFailure(f"{self.who} lost Redis: {exc}") from None
 
 
-def bad_endpoint(exc: Exception, registry: str) -> str:
-    """One line for an endpoint ZeroMQ cannot connect to, as read from the run's registry
-    (which anything that can write the run's keys can change): control characters out."""
-    from hopbus.coord import read
-
-    return f"{read.text(str(exc), 300)} (read from {registry}: a worker's endpoint?)"
-
-
 def read_run_config(
     client: redis.Redis, keys: RunKeys, timeout: float
 ) -> tuple[TrainConfig, Topology]:
@@ -271,7 +263,18 @@ class Node:
                 curve=self.curve_keys,
             )
         except TransportError as exc:  # an endpoint in the registry that is not one
-            raise RunFailure(f"{self.who}: {bad_endpoint(exc, self.keys.addr)}") from None
+            raise self.bad_endpoint(exc) from None
+
+    def bad_endpoint(self, exc: TransportError) -> RunFailure:
+        """The failure for an endpoint ZeroMQ cannot connect to, as read from the run's
+        registry (which anything that can write the run's keys can change): one line,
+        control characters out."""
+        from hopbus.coord import read
+
+        return RunFailure(
+            f"{self.who}: {read.text(str(exc), 300)} (read from {self.keys.addr}: a worker's "
+            "endpoint?)"
+        )
 
     def _wait_endpoints(self, peers: Sequence[int]) -> dict[int, str]:
         deadline = time.monotonic() + self.timeout

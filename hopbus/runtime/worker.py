@@ -53,7 +53,7 @@ from hopbus.protocol.requirements import AcksFrom, Requirement
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.protocol.store import Outcome, Update
 from hopbus.runtime.initial import differs, publish_initial, read_initial
-from hopbus.runtime.node import LOOK_S, Node, advertised, bad_endpoint, log
+from hopbus.runtime.node import LOOK_S, Node, advertised, log
 from hopbus.transport import (
     KIND_UPDATE,
     Layout,
@@ -391,7 +391,7 @@ class Worker(Node):
                 try:
                     self.outbox.replace(j, endpoint)
                 except TransportError as exc:
-                    raise RunFailure(f"{self.who}: {bad_endpoint(exc, self.keys.addr)}") from None
+                    raise self.bad_endpoint(exc) from None
                 log(f"{self.who}: sending to worker {j}'s replacement at {endpoint}")
         self._relink -= stale
 
