@@ -75,6 +75,12 @@ STEADY_S = 1.0
 """How long Redis must answer every look before a loss starts a new --timeout: a broker (or
 something killing its clients) that answers and drops us again and again ends the run once
 --timeout has passed since it last held, instead of never."""
+FOLLOW_S = 0.1
+"""Reads of the progress stream are at least this far apart while entries keep coming. A
+read as soon as an entry is there wakes the launcher (and Redis) about once per
+worker-iteration, which on a small model costs more CPU than the workers' protocol and, on a
+busy machine, slows them; a tenth of a second is still quicker than a display refreshes or a
+failure needs noticing."""
 
 
 @dataclass
@@ -717,8 +723,13 @@ class Launcher:
         cursor = "0-0"
         pending: list[Entry] = []
         outage = Outage(self.cfg.timeout)
+        last_read = 0.0
         while True:
             interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
+            pace = last_read + FOLLOW_S - time.monotonic()
+            if pace > 0:
+                time.sleep(pace)  # pacing the reads (FOLLOW_S): entries wait in the stream
+            last_read = time.monotonic()
             try:
                 entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
                 if entries:
