@@ -349,15 +349,13 @@ class Context:
 
 
 class _Guard:
-    """``Context._guard``: a class, not a generator, as it is entered around every step."""
+    """``Context._guard``: a class, not a generator, as it is entered around every step;
+    what it needs to explain a failure is worked out only when one comes."""
 
-    __slots__ = ("ctx", "redis")
+    __slots__ = ("ctx",)
 
     def __init__(self, ctx: Context) -> None:
-        from hopbus.runtime.node import redis_failures
-
         self.ctx = ctx
-        self.redis = redis_failures(ctx.node.who, ctx.run)
 
     def __enter__(self) -> None:
         return None
@@ -367,8 +365,10 @@ class _Guard:
     ) -> None:
         if exc is None:
             return
-        try:
-            self.redis.__exit__(kind, exc, tb)  # a Redis error: raises its one line instead
+        from hopbus.runtime.node import redis_failures
+
+        try:  # a Redis error: raises its one line instead
+            redis_failures(self.ctx.node.who, self.ctx.run).__exit__(kind, exc, tb)
         except UserError as line:
             self._tell(line)
             raise

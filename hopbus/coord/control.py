@@ -721,6 +721,11 @@ def _members(values: Any) -> frozenset[int]:
 
 
 def _field(value: Any) -> str | int | float:
+    kind = type(value)
+    if kind is float or kind is int or kind is str:  # most of a progress entry, every step
+        return value
+    if kind is list and all(type(v) is int for v in value):
+        return str(value)  # what dumps writes for a list of ints ("[1, 2]"), for less
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float | str):

@@ -498,21 +498,21 @@ class Session:
             self.last_eval = (fields["eval_loss"], fields.get("eval_accuracy"))
         n.with_redis(lambda: n.advance(eff, fields), advancing=eff)
         self.last_wait_s = fields["wait_s"]
-        if self.board is not None:
-            now = time.perf_counter()
+        now = time.perf_counter()
+        step_s, self._last_t = (now - self._last_t) / eff.count, now
+        if self.board is not None and ("eval_loss" in fields or self.board.due()):
             self.board.add(
                 eff.to,
                 {
                     "train/loss": self.loss,
                     "test/loss": fields.get("eval_loss"),
                     "test/accuracy": fields.get("eval_accuracy"),
-                    "time/iteration_s": (now - self._last_t) / eff.count,
+                    "time/iteration_s": step_s,
                     "time/blocked_s": fields["wait_s"],
                     "behind_slowest_in_neighbour": n.behind(eff.to),
                 },
                 keep="eval_loss" in fields,
             )
-            self._last_t = now
         if self.on_enter is not None:
             self.on_enter(eff.to, self.x)
         self._compute_s = self._wait_s = 0.0

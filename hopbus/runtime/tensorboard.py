@@ -110,6 +110,11 @@ class ScalarWriter:
         )
         self._buf.append(record(event(now, file_version="brain.Event:2")))
 
+    def due(self) -> bool:
+        """Whether ``add`` would keep a step's scalars now: a caller asks before it works
+        them out (most steps' are not kept)."""
+        return not self._broken and time.monotonic() >= self._next_keep
+
     def add(self, step: int, scalars: dict[str, float | None], *, keep: bool = False) -> None:
         """Scalars of ``step`` (None values left out), unless the last were kept less than
         ``EVERY_S`` ago and ``keep`` is False."""

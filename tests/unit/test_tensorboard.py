@@ -29,6 +29,7 @@ def test_tensorflow_reads_the_scalars(tmp_path):
     writer = ScalarWriter(tmp_path / "worker-0")
     for step in range(1, 6):
         writer.add(step, {"train/loss": 1.0 / step, "test/accuracy": None, "lag": -2}, keep=True)
+    assert not writer.due()  # so the session does not work out step 6's scalars
     writer.add(6, {"train/loss": 0.1})  # within EVERY_S of the last kept one: left out
     writer.flush()
     (path,) = (tmp_path / "worker-0").glob("events.out.tfevents.*")
@@ -48,8 +49,10 @@ def test_a_folder_it_cannot_write_stops_the_scalars_not_the_run(tmp_path, capsys
     blocker = tmp_path / "file"
     blocker.write_text("")
     writer = ScalarWriter(blocker / "worker-0")  # a folder under a file: cannot be made
+    assert writer.due()
     writer.add(1, {"loss": 1.0})
     writer.flush()
+    assert not writer.due()  # stopped: nothing more is worked out for it
     writer.add(2, {"loss": 0.5})
     writer.flush()
     assert capsys.readouterr().err.count("TensorBoard scalars stop") == 1
