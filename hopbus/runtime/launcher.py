@@ -10,6 +10,7 @@ the launcher dies, so no process outlives the run.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -109,6 +110,7 @@ class Outage:
 
 CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
 TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
+LOCK = ".hopbus.lock"  # held by the process writing the results folder (``_holding``)
 LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
 HOP_MODES = tuple(m.value for m in Mode if m.is_hop)
 
@@ -1069,10 +1071,47 @@ def _signal_groups(groups: list[int], sig: int) -> list[int]:
 
 
 def _finish(launcher: Launcher) -> Outcome:
-    outcome = launcher.run()
-    summary = dumps(outcome.summary, indent=2)
-    _write_whole(launcher.out / "summary.json", summary + "\n")
+    with _holding(launcher.out):
+        outcome = launcher.run()
+        summary = dumps(outcome.summary, indent=2)
+        _write_whole(launcher.out / "summary.json", summary + "\n")
     return outcome
+
+
+@contextlib.contextmanager
+def _holding(out: Path) -> Iterator[None]:
+    """The results folder for this process alone while it writes there: a second launcher
+    aimed at it (a --resume of a run still going, a second watch of it) is refused before it
+    starts anything, rather than interleave its metrics, logs and checkpoints with the
+    first's. An flock on ``out/LOCK``: it goes with the process however that ends (kill -9
+    too); the file, holding the pid for the refusal's line, stays. On a file system without
+    locks the run goes on unguarded."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    try:  # never through a link: the pid is written into it
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot open its {LOCK} ({exc.strerror}): move it away"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 16).decode(errors="replace").strip()
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise ConfigError(
+                f"{out} is being written by another hopbus process{pid}, whose run is still "
+                "going: wait for it to end, or stop it first"
+            ) from None
+        except OSError:
+            pass  # no locks here (ENOLCK): unguarded
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _checked(
@@ -1141,7 +1180,8 @@ def _drop_partial_line(path: Path) -> None:
 
 def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path:
     """The results folder: new, or empty, or holding only the run's TensorBoard scalars (the
-    workers of a run followed by hopbus watch may have started writing them there). For
+    workers of a run followed by hopbus watch may have started writing them there) and the
+    lock of a launcher that stopped before writing anything (``_holding``). For
     ``watch``, also one where a watch of the same run was interrupted before its summary:
     it reads the run's stream from the start again and rewrites every file."""
     out = out if out is not None else Path("runs") / keys.run
@@ -1150,7 +1190,7 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
     board = out / TENSORBOARD
     if board.is_symlink() or (board.exists() and not board.is_dir()):
         raise ConfigError(f"--out {str(out)!r}: its {TENSORBOARD} is not a folder of its own")
-    if out.exists() and any(p.name != TENSORBOARD for p in out.iterdir()):
+    if out.exists() and any(p.name not in (TENSORBOARD, LOCK) for p in out.iterdir()):
         if watch and _watched_before(out, keys.run):
             return out
         raise ConfigError(
@@ -1162,7 +1202,7 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
 def _watched_before(out: Path, run: str) -> bool:
     """Whether ``out`` holds an interrupted hopbus watch of ``run``: its config.toml says so,
     no summary.json, and nothing but what a watch writes."""
-    ours = {"config.toml", "metrics.jsonl", TENSORBOARD}
+    ours = {"config.toml", "metrics.jsonl", TENSORBOARD, LOCK}
     if not all(p.name in ours for p in out.iterdir()):
         return False
     config = out / "config.toml"

@@ -43,6 +43,12 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
             "a complete checkpoint set of iteration 40",
         )
         assert proc.poll() is None, (tmp_path / "first.err").read_text()
+        # fault ``resume_while_running``: the folder is the running launcher's; a resume of
+        # it is refused before it starts anything, naming that process
+        p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert f"being written by another hopbus process (pid {proc.pid})" in p.stderr
+        assert proc.poll() is None, (tmp_path / "first.err").read_text()
         os.kill(proc.pid, signal.SIGKILL)  # no handler, no cleanup: as a crash
         proc.wait(timeout=10)
     finally:
