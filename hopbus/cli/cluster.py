@@ -484,7 +484,9 @@ def worker_cmd(
         result = w.run_loop()
     except UserError as exc:
         quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
-        if w is not None and w.admitted and not quiet:  # a refused process writes nothing
+        # a refused process writes nothing; one that failed before it took its free place
+        # (its --model did not load here) is that place's failure: the run hears it
+        if w is not None and not quiet and (w.admitted or w.vacant()):
             report_failure(url, run, w.node, str(exc))
         raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")

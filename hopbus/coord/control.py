@@ -231,16 +231,27 @@ return 1
 # worker comes back only as a replacement, --rejoin) or finished; otherwise its first
 # heartbeat and its endpoint, in one step, so a refused process writes nothing into the run.
 # KEYS: 1 its iter, 2 hb, 3 results, 4 addr; ARGV: 1 worker, 2 endpoint, 3 time, 4 ttl ms
-_CLAIM = """
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'it finished already' end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'another process runs as it' end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 'it started already (a dead worker comes back as a replacement: --rejoin)'
+_TAKEN = """
+local function taken()
+  if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'it finished already' end
+  if redis.call('EXISTS', KEYS[2]) == 1 then return 'another process runs as it' end
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    return 'it started already (a dead worker comes back as a replacement: --rejoin)'
+  end
+  return ''
 end
+"""
+_CLAIM = (
+    _TAKEN
+    + """
+local why = taken()
+if why ~= '' then return why end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return ''
 """
+)
+_VACANT = _TAKEN + "return taken()\n"  # claim's check alone: KEYS 1 iter, 2 hb, 3 result
 
 # A replacement for dead worker ARGV[1] announces itself (hopbus worker --rejoin): its heartbeat,
 # its new endpoint, and a place in the joining set, so its in-neighbours send to it again.
@@ -411,6 +422,7 @@ class RunControl:
         self._rebuild = Lua(client, _REBUILD)
         self._begin_rejoin = Lua(client, _BEGIN_REJOIN)
         self._claim = Lua(client, _CLAIM)
+        self._vacant = Lua(client, _VACANT)
         self._commit_rejoin = Lua(client, _COMMIT_REJOIN)
         self._abort_rejoin = Lua(client, _ABORT_REJOIN)
         self._beat = Lua(client, _BEAT)
@@ -536,6 +548,12 @@ class RunControl:
             args=[w, endpoint, int(time.time() * 1000), heartbeat_ms],
         )
         return read.text(res) or None
+
+    def taken(self) -> str | None:
+        """Why this worker's place cannot be claimed (claim's own check, taking nothing), or
+        None while it is free."""
+        k, w = self.keys, self.worker
+        return read.text(self._vacant(keys=[k.iter(w), k.hb(w), k.result], args=[w])) or None
 
     def endpoints(self, of: Sequence[int]) -> dict[int, str | None]:
         if not of:

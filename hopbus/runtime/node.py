@@ -246,6 +246,18 @@ class Node:
         self.heartbeat.may_be_dead = self.rejoin
         self.heartbeat.start()
 
+    def vacant(self) -> bool:
+        """Whether this node's place in the run is free (no process holds it, none held it):
+        a failure before it took the place, its model or data not loading, is then the
+        place's own, and the run hears it; a process started for a place that is taken, or
+        for no place, writes nothing into the run."""
+        if not hasattr(self, "control") or not 0 <= self.node < self.topo.n:
+            return False  # the run's config, or this node's place in it, was never read
+        try:
+            return self.control.taken() is None
+        except redis.RedisError:
+            return False
+
     def _link_delay(self) -> Callable[[Message], float] | None:
         """How long the inbox holds each message: the run's emulated links into this node
         (``--slowdown link:...`` / ``machines:...``, ``--slowdown-scope``,

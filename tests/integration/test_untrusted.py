@@ -285,6 +285,39 @@ def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, t
     assert client.hget(keys.meta, "status") == b"finished"
 
 
+def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, tmp_path):
+    """Fault ``model_file_elsewhere``: a run created with --model FILE.py:FUNCTION in one
+    folder and its worker started in another, where no such file is. The worker exits 2 in
+    one line; its place was free, so that failure is the place's and goes into the run,
+    and hopbus watch ends on it at once, naming worker and file (it waited for ever)."""
+    code, other = tmp_path / "code", tmp_path / "other"
+    code.mkdir()
+    other.mkdir()
+    (code / "models.py").write_text(
+        "from hopbus.models.linear import LogReg\n\n\ndef build(n_features):\n"
+        "    return LogReg(n_features)\n"
+    )
+    run = f"elsewhere{os.getpid()}"
+    env = clean_env(HOPBUS_REDIS=redis_url)
+
+    def in_folder(folder: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(hopbus_args(*args), cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+
+    created = in_folder(code, "create", "--run", run, "-n", "2", "--model", "models.py:build",
+                        "--data", "synthetic:200,4,2", "--iterations", "20")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    p = in_folder(other, "worker", "--run", run, "--id", "0")
+    assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
+    assert "--model 'models.py:build': no such file 'models.py'" in p.stderr
+    client = redis.Redis.from_url(redis_url)
+    errors = [f for _, f in client.xrange(RunKeys(run).events) if f.get(b"kind") == b"error"]
+    assert len(errors) == 1 and errors[0][b"worker"] == b"0", errors
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
+    assert watch.returncode == 1, watch.stderr
+    assert f"run {run} failed: worker 0: --model 'models.py:build': no such file" in watch.stderr
+
+
 def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, tmp_path):
     """Fault ``killed_launcher``: kill -9 of hopbus train; its workers die with it. The run's
     recorded status stays "running"; what its keys say is "abandoned", and clean takes it."""
