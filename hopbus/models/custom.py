@@ -89,7 +89,8 @@ def _import(module_name: str, flag: str, spec: str) -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
-            raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}")
+            where = "" if path.is_absolute() else f" in {os.getcwd()} (each worker's own folder)"
+            raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}{where}")
         loaded = sys.modules.get(path.stem)
         if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
             return loaded  # --model and --data in one file: imported once

@@ -309,7 +309,7 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
     assert created.returncode == 0, created.stderr
     p = in_folder(other, "worker", "--run", run, "--id", "0")
     assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
-    assert "--model 'models.py:build': no such file 'models.py'" in p.stderr
+    assert f"--model 'models.py:build': no such file 'models.py' in {other} (each" in p.stderr
     client = redis.Redis.from_url(redis_url)
     errors = [f for _, f in client.xrange(RunKeys(run).events) if f.get(b"kind") == b"error"]
     assert len(errors) == 1 and errors[0][b"worker"] == b"0", errors
