@@ -20,6 +20,8 @@ SPLIT_SEED = 0
 
 TEST_FRACTION = 0.2
 MAX_CLASSES = 1000
+MAX_INDEX = 2**31 - 1  # what the sparse parser's column indices hold
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number(token: bytes) -> float | None:
@@ -40,6 +42,7 @@ def _problem(line: bytes) -> str | None:
         return "its label is not a number"
     if not np.isfinite(label):
         return "its label is not finite"
+    last = -1
     for i, token in enumerate(fields[1:], start=2):
         key, sep, value = token.partition(b":")
         if not sep or (not key.isdigit() and not (i == 2 and key == b"qid")):
@@ -49,6 +52,15 @@ def _problem(line: bytes) -> str | None:
             return f"field {i} has a value that is not a number"
         if not np.isfinite(number):
             return f"field {i} has a value that is not finite"
+        if abs(number) > _FLOAT32_MAX:
+            return f"field {i} has a value beyond float32's range (features are float32)"
+        if key.isdigit():
+            index = int(key)
+            if index > MAX_INDEX:
+                return f"field {i} has an index above {MAX_INDEX}"
+            if index <= last:
+                return f"field {i}'s index is not above the one before (indices go up, once each)"
+            last = index
     return None
 
 
