@@ -352,17 +352,19 @@ return {1}
 # restarted Redis it has not restored yet) nothing is judged: it beats.
 # KEYS: 1 heartbeat, 2 dead set, 3 stop, 4 incarnation hash, 5 joining set, 6 its iter
 # ARGV: 1 worker, 2 value, 3 TTL in ms, 4 a replacement ('1'), 5 its incarnation
-# Returns {1 beating or 0 outdated, the stop reason or ''}.
+# Returns {1 beating or 0 outdated, 1 if the run was stopped else 0, the stop reason or ''}:
+# a stop key holding '' stops the run too.
 _BEAT = (
     _OUTDATED
     + """
-local stop = redis.call('GET', KEYS[3]) or ''
+local stop = redis.call('GET', KEYS[3])
+local stopped = stop and 1 or 0
 if redis.call('EXISTS', KEYS[6]) == 1 and
     outdated(KEYS[4], KEYS[2], KEYS[5], ARGV[1], ARGV[5], ARGV[4] == '1') then
-  return {0, stop}
+  return {0, stopped, stop or ''}
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return {1, stop}
+return {1, stopped, stop or ''}
 """
 )
 
@@ -716,7 +718,8 @@ class RunControl:
         if self.r.set(self.keys.stop, reason, nx=True):
             self.event("stop", message=reason)
             return reason
-        return read.text(self.r.get(self.keys.stop), 500) or reason
+        first = self.r.get(self.keys.stop)
+        return reason if first is None else read.stop_reason(first)
 
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
         """Per node: beating (a heartbeat with its TTL), or finished (its marker)."""
@@ -798,11 +801,11 @@ class Heartbeat:
         if c.epoch:  # the broker's identity, to notice a restart the main thread has not
             pipe.info("server")
         replies = pipe.execute()
-        beating, stop = replies[0]
+        beating, stopped, stop = replies[0]
         if not beating:
             self.declared_dead = True
-        if stop:
-            self.stopped = read.text(stop, 500)
+        if stopped:
+            self.stopped = read.stop_reason(stop)
         if c.epoch and isinstance(replies[-1], dict):
             now = str(replies[-1].get("run_id", ""))
             self.restarted = now != c.epoch  # the worker puts its state back (Worker._restore)

@@ -38,6 +38,12 @@ def text(value: Any, limit: int = 2000) -> str | None:
     return value if len(value) <= limit else value[:limit] + "..."
 
 
+def stop_reason(value: Any) -> str:
+    """A run's stop key (``hop:{R}:stop``, present) as the reason to show: its text, or a word
+    for a value without any. An empty or unreadable one stops the run all the same."""
+    return (text(value, 500) or "").strip() or "stopped (no readable reason given)"
+
+
 def integer(value: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
     """A base-10 integer in [lo, hi], or None."""
     if isinstance(value, int) and not isinstance(value, bool):

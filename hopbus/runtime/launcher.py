@@ -546,7 +546,7 @@ class Launcher:
                 continue  # look at this exit again once Redis is back
             p.code = code
         if failure is None and stop is not None:
-            failure = read.text(stop, 500) or "stopped (an unreadable reason)"
+            failure = read.stop_reason(stop)
         done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
         if not done and failure is None and self.unanswered is None:
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
@@ -1046,7 +1046,7 @@ class Watcher(Launcher):
                 self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
         stop = self.r.get(self.keys.stop)
         if stop is not None:
-            return False, read.text(stop, 500) or "stopped"
+            return False, read.stop_reason(stop)
         registered = read.ids(self.r.hkeys(self.keys.addr), n + 1)
         for i in self._lapsed((registered | set(self._said)) - set(self.lost), done):
             why = self._said.get(i) or f"{self._name(i)}: heartbeat gone without a result"

@@ -69,6 +69,19 @@ def test_a_live_worker_beats_and_hears_the_stop(redis_client, run):
     assert hb.stopped == "worker 0 died"
 
 
+def test_an_empty_stop_key_stops_the_run_too(redis_client, run):
+    """Fault ``empty_stop``: ``SET hop:{R}:stop ""`` stops every worker as any stop does (the
+    launcher and watch took it for a stop while the workers went on), with a word for the
+    reason; so does one of control characters only."""
+    keys, zero, _ = run
+    hb = Heartbeat(zero, 2.0)
+    for value in ("", "\x1b\x07"):
+        redis_client.set(keys.stop, value)
+        hb.beat()
+        assert hb.stopped == "stopped (no readable reason given)"
+        assert zero.stop_run("worker 1 died") == hb.stopped  # the first stop stays
+
+
 def _replace(redis_client, keys: RunKeys, worker: int) -> RunControl:
     """A replacement for dead ``worker``, joined and committed at its neighbours' iteration."""
     rep = RunControl(redis_client, keys, worker)
