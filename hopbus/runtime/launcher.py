@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import shlex
 import shutil
@@ -76,6 +75,8 @@ STEADY_S = 1.0
 """How long Redis must answer every look before a loss starts a new --timeout: a broker (or
 something killing its clients) that answers and drops us again and again ends the run once
 --timeout has passed since it last held, instead of never."""
+MAX_RUN_S = 1e9
+"""No run's ``t`` (seconds since it began) is larger: about 30 years."""
 FOLLOW_S = 0.1
 """Reads of the progress stream are at least this far apart while entries keep coming. A
 read as soon as an entry is there wakes the launcher (and Redis) about once per
@@ -1147,8 +1148,8 @@ def _keep_until(path: Path, at: int) -> float:
         if type(it) is int and it > at:
             continue
         t = e.get("t") if isinstance(e, dict) else None
-        if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
-            last_t = max(last_t, float(t))
+        if isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t <= MAX_RUN_S:
+            last_t = max(last_t, float(t))  # seconds since the run began: junk is passed over
         kept.append(line)
     if len(kept) < len(lines):
         _write_whole(path, b"".join(kept))

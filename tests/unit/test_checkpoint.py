@@ -4,6 +4,7 @@ training state round-tripped through one (hopbus/runtime/checkpoint.py)."""
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 
 import numpy as np
@@ -266,3 +267,23 @@ def test_momentum_that_fits_no_parameter_is_refused(tmp_path):
         ck.save(tmp_path, 0, 10, WorkerState(s.params, bad, s.order, s.stream), run="r1")
         with pytest.raises(CheckpointError, match="fits none of its parameters"):
             ck.load(tmp_path, 0, 10)
+
+
+def test_a_resumed_timeline_goes_on_from_the_last_plausible_time(tmp_path):
+    """Fault ``junk_time``: metrics.jsonl entries whose ``t`` is no run's (1e308, negative, a
+    string) are kept as lines but do not set where the resumed entries' time goes on; the
+    entries beyond the checkpoint's iteration go, as its checkpoints do."""
+    from hopbus.runtime.launcher import _keep_until
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"worker": 0, "iter": 1, "t": 0.5},
+        {"worker": 1, "iter": 2, "t": 1e308},
+        {"worker": 0, "iter": 2, "t": -3.0},
+        {"worker": 1, "iter": 3, "t": "soon"},
+        {"worker": 0, "iter": 3, "t": 1.25},
+        {"worker": 0, "iter": 4, "t": 2.0},  # beyond the set of iteration 3: dropped
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _keep_until(path, 3) == 1.25
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:5]
