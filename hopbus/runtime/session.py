@@ -229,7 +229,7 @@ class Session:
             else sum(a.nbytes for a in self.x.values()) >= OVERLAP_MIN_BYTES
         )
         if self._board_dir is not None:
-            self.board = ScalarWriter(self._board_dir)
+            self.board = ScalarWriter(self._board_dir, start=n.start_at + 1)  # its first step
         self._gen = worker_loop(n.spec, start=n.start_at)
         self._perform(next(self._gen))  # Start
         self._next = self._gen.send(None)

@@ -73,13 +73,20 @@ def _bytes_field(number: int, data: bytes) -> bytes:
     return _field(number, 2) + _varint(len(data)) + data
 
 
+SESSION_START = 1
+"""``SessionLog.START``: TensorBoard drops what earlier files hold for this step and later."""
+
+
 def event(wall_time: float, step: int = 0, *, scalars: dict[str, float] | None = None,
-          file_version: str | None = None) -> bytes:  # fmt: skip
-    """One serialized ``Event``: wall_time (1, double), step (2, int64), file_version (3) or a
-    summary (5) of ``Summary.Value``s, each a tag (1) and a simple_value (2, float)."""
+          file_version: str | None = None, session: int | None = None) -> bytes:  # fmt: skip
+    """One serialized ``Event``: wall_time (1, double), step (2, int64), file_version (3), a
+    summary (5) of ``Summary.Value``s, each a tag (1) and a simple_value (2, float), or a
+    session_log (7) whose status (1) is ``session``."""
     out = _field(1, 1) + struct.pack("<d", wall_time) + _field(2, 0) + _varint(step)
     if file_version is not None:
         out += _bytes_field(3, file_version.encode())
+    if session is not None:
+        out += _bytes_field(7, _field(1, 0) + _varint(session))
     if scalars:
         values = b"".join(
             _bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5) + struct.pack("<f", v))
@@ -96,9 +103,12 @@ def record(data: bytes) -> bytes:
 
 
 class ScalarWriter:
-    """One event file in ``folder``; ``add`` buffers, ``flush`` writes."""
+    """One event file in ``folder``; ``add`` buffers, ``flush`` writes. ``start``: the first
+    step it will write. A resumed run's worker starts after its checkpoint's iteration, and
+    its file says so (a ``SessionLog.START``), so TensorBoard drops the steps from there on
+    that the stopped run's file holds: a resumed run is shown as one timeline."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, start: int = 0) -> None:
         self.folder = Path(folder)
         self._buf: list[bytes] = []
         self._next_flush = time.monotonic() + FLUSH_S
@@ -109,6 +119,7 @@ class ScalarWriter:
             self.folder / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.0"
         )
         self._buf.append(record(event(now, file_version="brain.Event:2")))
+        self._buf.append(record(event(now, start, session=SESSION_START)))
 
     def due(self) -> bool:
         """Whether ``add`` would keep a step's scalars now: a caller asks before it works
