@@ -461,13 +461,7 @@ class RunControl:
         )
 
     def broker_id(self) -> str:
-        """The broker instance's identity (Redis's run id, new at every start, also after a
-        restore from a snapshot); '' where INFO is not allowed (no restart is then noticed
-        this way, only by a missing counter)."""
-        try:
-            return str(self.r.info("server").get("run_id", ""))
-        except redis.ResponseError:  # NOPERM: an ACL without INFO
-            return ""
+        return broker_id(self.r)
 
     def try_advance(
         self,
@@ -724,6 +718,16 @@ class RunControl:
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
         """Per node: beating (a heartbeat with its TTL), or finished (its marker)."""
         return {j: not read.gone(*beat) for j, beat in heartbeats(self.r, self.keys, of).items()}
+
+
+def broker_id(client: Any) -> str:
+    """The broker instance's identity (Redis's run id, new at every start, also after a
+    restore from a snapshot); '' where INFO is not allowed (no restart is then noticed this
+    way, only by what it lost)."""
+    try:
+        return str(client.info("server").get("run_id", ""))
+    except redis.ResponseError:  # NOPERM: an ACL without INFO
+        return ""
 
 
 def heartbeats(client: Any, keys: RunKeys, nodes: Sequence[int]) -> dict[int, tuple[Any, Any]]:

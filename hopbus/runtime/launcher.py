@@ -33,6 +33,7 @@ from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact
+from hopbus.coord.control import broker_id
 from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
@@ -334,6 +335,7 @@ class Launcher:
         self.rejected_reports = 0  # final reports in Redis that do not count (read.result)
         self.broker_gone = False  # Redis did not come back within --timeout: stop asking it
         self.unanswered: Exception | None = None  # a read of _poll's that Redis did not answer
+        self.epoch = ""  # the broker instance it reads (Redis's run id): _check_broker
         self._cut = False  # the progress stream was trimmed before this reader began
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -743,6 +745,7 @@ class Launcher:
                 done, failure = self._poll()
                 if self.unanswered is not None:  # a read in _poll found Redis away
                     raise self.unanswered
+                self._check_broker()
             except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
                 from hopbus.coord.control import RunControl
 
@@ -824,13 +827,35 @@ class Launcher:
                 f"{self.cfg.timeout:g} s"
             )
         self.r = patient
+        self.epoch = broker_id(self.r)
+        self._put_back(note=note)
+        return None
+
+    def _put_back(self, *, note: bool = True) -> None:
+        """Redis answers again: the run's record put back if it restarted without it (the
+        workers put back their own state), and said."""
         back = "Redis is back"
         if not self.r.exists(self.keys.meta):  # it restarted empty
             restore_run(self.r, self.keys, self.cfg.public(), __version__)
             back += "; the run's record is put back, and each worker puts back its own state"
         if note or not self.notes[-1].startswith("Redis is back"):
             self.notes.append(back)
-        return None
+
+    def _check_broker(self) -> None:
+        """A broker that restarted between two reads (its run id changed, or, where INFO is
+        not allowed, the run's record is gone): the client reconnected on its own, so no
+        read failed and ``_broker_lost`` never heard of it. Said, and the run's record put
+        back, as after an outage that was seen."""
+        now = broker_id(self.r)
+        restarted = bool(now and self.epoch and now != self.epoch)
+        self.epoch = now or self.epoch
+        if restarted:
+            self.notes.append(f"Redis at {redact(self.url)} restarted (another instance)")
+        elif self.r.exists(self.keys.meta):
+            return
+        else:
+            self.notes.append(f"Redis at {redact(self.url)} no longer holds the run's record")
+        self._put_back()
 
     def _reports(self) -> dict[int, dict[str, Any]]:
         """The final reports that count (``read.result``): a worker's agrees with its counter
