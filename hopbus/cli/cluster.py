@@ -15,7 +15,7 @@ from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
-from hopbus.coord.client import DEFAULT_URL, redact
+from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
@@ -190,14 +190,15 @@ def _resume_cmd(
     plan = plan_resume(target, timeout=timeout)
     check_curve(plan.cfg, curve)  # before saying it resumes
     err = Console(stderr=True)
-    err.print(
+    said = (
         f"hopbus: resuming run {plan.run} from iteration {plan.at} (checkpoint set of "
-        f"{plan.workers} workers)",
-        highlight=False,
-        soft_wrap=True,
+        f"{plan.workers} workers)"
     )
     with Display(err) as display:
-        launcher, outcome = resume(plan, redis_url=redis, on_update=display.update, curve=curve)
+        launcher, outcome = resume(
+            plan, redis_url=redis, on_update=display.update, curve=curve,
+            begins=lambda: err.print(said, highlight=False, soft_wrap=True),
+        )  # fmt: skip
     _report(launcher, outcome, as_json, display.shown)
 
 
@@ -336,7 +337,8 @@ def watch_cmd(
     """Follow a run whose workers were started elsewhere (docker compose, other hosts) to its
     end: the live display, then metrics.jsonl, summary.json and the summary, as `hopbus train`
     writes them. Starts and stops nothing: Ctrl-C stops the watch, not the run, and the same
-    watch started again reads the run from its start into the same folder. Exit status 1 if
+    watch started again reads the run from its start into the same folder (one that reached
+    its summary there is done: a new watch needs another --out). Exit status 1 if
     a node reported an error or its heartbeat vanished, 3 if a Table 1 bound was broken or an
     invariant check failed."""
     interrupts.install()
@@ -595,7 +597,7 @@ def inspect_cmd(
         elif run is None:
             raise ConfigError("no runs in this Redis; give --run RUN (or --redis URL)")
         return
-    snap = snapshot(client, RunKeys(run), last=last)
+    snap = snapshot(client, RunKeys(run), last=last, url=redis)
     if as_json:
         _emit_json(snap)
     else:
@@ -634,7 +636,7 @@ def clean_cmd(
     if n == 0 and not user:  # a mistyped id would otherwise pass for a cleaned run
         raise ConfigError(
             f"run {run} has no keys in Redis at {redact(redis or DEFAULT_URL)}: nothing to "
-            "remove (hopbus inspect --list lists its runs)"
+            f"remove (hopbus inspect --list{redis_flag(redis)} lists its runs)"
         )
     gone = f" and its Redis user {user_of(run)}" if user else ""
     print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}{gone}")

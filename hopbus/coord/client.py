@@ -54,6 +54,12 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def redis_flag(url: str | None) -> str:
+    """`` --redis URL`` (its password hidden) for a command a message suggests, so that it acts
+    on the Redis the user named; '' for the default one, or none given."""
+    return "" if url is None or url == DEFAULT_URL else f" --redis {redact(url)}"
+
+
 def _userinfo(url: str, at: int) -> str:
     """What stands between a URL's scheme (``redis://``, or a mistyped ``redis:``) and its
     ``at``: its credentials, as the user meant them."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import RunKeys, run_of_key
 from hopbus.errors import UserError
 
@@ -17,12 +18,19 @@ class RunStateError(UserError):
     """The run's state in Redis does not allow what was asked."""
 
 
-def create_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], version: str) -> None:
-    """Record a new run's configuration; refuses a run id that already has state."""
+def create_run(
+    client: redis.Redis,
+    keys: RunKeys,
+    config: dict[str, Any],
+    version: str,
+    url: str | None = None,
+) -> None:
+    """Record a new run's configuration; refuses a run id that already has state (``url``:
+    the Redis named, for the command the refusal suggests)."""
     if client.exists(keys.meta) or client.exists(keys.progress):
         raise RunStateError(
             f"run {keys.run!r} already exists in this Redis: pick another --run, or remove it "
-            f"with: hopbus clean --run {keys.run}"
+            f"with: hopbus clean --run {keys.run}{redis_flag(url)}"
         )
     sec, usec = client.time()  # Redis's clock: every reader of the run shares it
     client.hset(

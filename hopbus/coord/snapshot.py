@@ -13,6 +13,7 @@ import redis
 
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
+from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import RunStateError, run_status
 from hopbus.coord.tokens import queue_sizes, token_edges
@@ -31,12 +32,16 @@ def _entries(raw: list) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot(client: redis.Redis, keys: RunKeys, *, last: int = 10) -> dict[str, Any]:
+def snapshot(
+    client: redis.Redis, keys: RunKeys, *, last: int = 10, url: str | None = None
+) -> dict[str, Any]:
+    """What ``hopbus inspect`` shows of a run (``url``: the Redis named, for the command an
+    unknown run's refusal suggests)."""
     meta = _decode(client.hgetall(keys.meta))
     if not meta:
         raise RunStateError(
             f"no run {keys.run!r} in this Redis ({keys.meta} does not exist); "
-            "hopbus inspect --list shows the runs there"
+            f"hopbus inspect --list{redis_flag(url)} shows the runs there"
         )
     raw_cfg = read.json_object(meta.get("config"))
     if raw_cfg is None:

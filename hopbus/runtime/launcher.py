@@ -416,6 +416,7 @@ class Launcher:
         try:
             self._start_broker()
             self.out.mkdir(parents=True, exist_ok=True)
+            self._record()  # first: a run id Redis refuses leaves no file in the folder
             metrics_path = self.out / "metrics.jsonl"
             if self.resume_from is None:
                 write_config_toml(
@@ -423,7 +424,7 @@ class Launcher:
                 )
             else:  # the run goes on: its settings stay, its metrics grow from c
                 self.t_offset = _keep_until(metrics_path, self.resume_from)
-            self._begin()
+            self._spawn()
             with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # if it is gone
@@ -437,6 +438,8 @@ class Launcher:
                     set_status(quick(self.url), self.keys, "stopped")
                     stopped = True
                 self._resume_hint()
+            elif not ended:
+                self._watch_hint()
             raise
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
             with contextlib.suppress(redis.RedisError):
@@ -477,16 +480,15 @@ class Launcher:
         """The run's recorded status at its end: this launcher ran it, so it says."""
         set_status(self.r, self.keys, "failed" if outcome.failure else "finished")
 
-    def _begin(self) -> None:
-        """Record the run and start its processes."""
+    def _record(self) -> None:
+        """Record the run in Redis (``_spawn`` then starts its processes)."""
         if self.resume_from is not None:
             self._clear_stale_run()
             discard_after(self.out / CHECKPOINTS, range(self.topo.n), self.resume_from)
-        create_run(self.r, self.keys, self.cfg.public(), __version__)
+        create_run(self.r, self.keys, self.cfg.public(), __version__, self.url)
         if self.resume_from is not None:
             self.r.hset(self.keys.meta, "resumed_from", self.resume_from)
         set_status(self.r, self.keys, "running")
-        self._spawn()
 
     def _clear_stale_run(self) -> None:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
@@ -784,6 +786,16 @@ class Launcher:
         summary = self._summary(failure)
         return Outcome(summary, summary.get("failure"))
 
+    def _watch_hint(self) -> None:
+        """After a Ctrl-C that stopped only this process (a watch): what it left going."""
+        with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
+            print(
+                f"hopbus: the watch stopped, run {self.keys.run} goes on; the same hopbus watch "
+                f"follows it again from its start into {self.out}",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def _resume_hint(self) -> None:
         """After a Ctrl-C that stopped the run: how to go on, where its checkpoints allow."""
         with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
@@ -1039,7 +1051,10 @@ class Watcher(Launcher):
             status = run_status(self.r, self.keys, self.topo.n, self.cfg.iterations)
             set_status(self.r, self.keys, "failed" if outcome.failure else status)
 
-    def _begin(self) -> None:
+    def _spawn(self) -> None:
+        """A watcher starts nothing: the run's processes are someone else's."""
+
+    def _record(self) -> None:
         if self.r.hget(self.keys.meta, "status") == b"starting":
             set_status(self.r, self.keys, "running")
         with contextlib.suppress(redis.ResponseError):  # no stream yet
@@ -1096,8 +1111,12 @@ def _signal_groups(groups: list[int], sig: int) -> list[int]:
     return alive
 
 
-def _finish(launcher: Launcher) -> Outcome:
+def _finish(launcher: Launcher, begins: Callable[[], None] | None = None) -> Outcome:
+    """Run, holding the results folder, and write summary.json; ``begins()`` first, once the
+    folder is this process's (what the run's start says)."""
     with _holding(launcher.out):
+        if begins is not None:
+            begins()
         outcome = launcher.run()
         summary = dumps(outcome.summary, indent=2)
         _write_whole(launcher.out / "summary.json", summary + "\n")
@@ -1109,35 +1128,52 @@ def _holding(out: Path) -> Iterator[None]:
     """The results folder for this process alone while it writes there: a second launcher
     aimed at it (a --resume of a run still going, a second watch of it) is refused before it
     starts anything, rather than interleave its metrics, logs and checkpoints with the
-    first's. An flock on ``out/LOCK``: it goes with the process however that ends (kill -9
-    too); the file, holding the pid for the refusal's line, stays. On a file system without
-    locks the run goes on unguarded."""
+    first's. An flock on ``out/LOCK``, which holds the pid for the refusal's line: it goes
+    with the process however that ends (kill -9 too), and the file with a process that ends
+    normally. On a file system without locks the run goes on unguarded."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
-    try:  # never through a link: the pid is written into it
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd, locked = _lock(out, path), False
+    try:
+        for _ in range(3):  # a file its holder removed as we opened it: lock the new one
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 16).decode(errors="replace").strip()
+                pid = f" (pid {holder})" if holder.isdigit() else ""
+                raise ConfigError(
+                    f"{out} is being written by another hopbus process{pid}, whose run is "
+                    "still going: wait for it to end, or stop it first"
+                ) from None
+            except OSError:
+                break  # no locks here (ENOLCK): unguarded
+            try:
+                locked = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                locked = False
+            if locked:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                break
+            os.close(fd)
+            fd = _lock(out, path)
+        yield
+    finally:
+        if locked:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # before letting go: nobody can lock a file that is gone
+        os.close(fd)
+
+
+def _lock(out: Path, path: Path) -> int:
+    """The lock file of ``_holding``, opened (made if new); never through a link: the pid is
+    written into it."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise ConfigError(
             f"--out {str(out)!r}: cannot open its {LOCK} ({exc.strerror}): move it away"
         ) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 16).decode(errors="replace").strip()
-            pid = f" (pid {holder})" if holder.isdigit() else ""
-            raise ConfigError(
-                f"{out} is being written by another hopbus process{pid}, whose run is still "
-                "going: wait for it to end, or stop it first"
-            ) from None
-        except OSError:
-            pass  # no locks here (ENOLCK): unguarded
-        else:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _checked(
@@ -1219,9 +1255,8 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
     if out.exists() and any(p.name not in (TENSORBOARD, LOCK) for p in out.iterdir()):
         if watch and _watched_before(out, keys.run):
             return out
-        raise ConfigError(
-            f"--out {str(out)!r} already holds files: choose another --run or --out, or remove it"
-        )
+        choose = "another --out" if watch else "another --run or --out"
+        raise ConfigError(f"--out {str(out)!r} already holds files: choose {choose}, or remove it")
     return out
 
 
@@ -1258,7 +1293,7 @@ def record(
         raise ConfigError(f"--acl {str(acl)!r} already exists: choose a new file")
     client = connect(redis_url, timeout=min(10.0, cfg.timeout))
     try:
-        create_run(client, keys, cfg.public(), __version__)
+        create_run(client, keys, cfg.public(), __version__, redis_url)
         if acl is not None:
             from hopbus.coord.acl import create_user, write_secret
 
@@ -1472,11 +1507,12 @@ def resume(
     redis_url: str | None,
     on_update: Callable[[Launcher], None] | None = None,
     curve: Path | None = None,
+    begins: Callable[[], None] | None = None,
 ) -> tuple[Launcher, Outcome]:
     """``hopbus train --resume``: the run again, under the same id and folder, every worker
     starting from its checkpoint of ``plan.at``; metrics.jsonl grows, summary.json is
     replaced (with ``resumed_from``). The results folder is reused on purpose. ``curve``:
-    the key folder of a run with curve = true."""
+    the key folder of a run with curve = true. ``begins()``: once the folder is taken."""
     cfg, topo, specs = _checked(plan.cfg, curve)
     if redis_url is not None:
         check_url(redis_url)
@@ -1491,7 +1527,7 @@ def resume(
         resume_from=plan.at,
         curve=curve,
     )
-    return launcher, _finish(launcher)
+    return launcher, _finish(launcher, begins)
 
 
 __all__ = [

@@ -97,6 +97,16 @@ def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
         "--out", str(tmp_path / "r"), "--json",
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "r" / ".hopbus.lock").exists()  # the folder's lock went with it
+    # fault ``run_id_taken``: refused before any file is written, with the command that
+    # frees the id on this Redis, not the default one; the folder stays usable
+    again = ["train", "--redis", redis_url, "-n", "4", "--iterations", "30", "--json"]
+    p = hopbus(*again, "--run", run, "--out", str(tmp_path / "r2"))
+    line = _one_line_error(p, 2)
+    assert f"remove it with: hopbus clean --run {run} --redis {redis_url}" in line
+    assert not [f.name for f in (tmp_path / "r2").iterdir()]
+    p = hopbus(*again, "--run", f"{run}-2", "--out", str(tmp_path / "r2"))
+    assert p.returncode == 0, p.stderr
     p = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
     assert p.returncode == 0, p.stderr
     snap = json.loads(p.stdout)
@@ -115,6 +125,6 @@ def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
     p = hopbus("clean", "--run", run, "--redis", redis_url)
     assert p.returncode == 0 and "removed" in p.stdout
     p = hopbus("inspect", "--run", run, "--redis", redis_url)
-    assert f"no run {run!r}" in _one_line_error(p, 2)
+    assert f"hopbus inspect --list --redis {redis_url} shows the runs" in _one_line_error(p, 2)
     p = hopbus("clean", "--run", run, "--redis", redis_url)  # already gone, or mistyped
     assert f"run {run} has no keys" in _one_line_error(p, 2)

@@ -376,8 +376,11 @@ def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_clien
     wait_iteration(redis_client, RunKeys(run), 0, 20)
     wait_for((out / "config.toml").exists, 30, "the first watch's folder")
     first.send_signal(signal.SIGINT)
-    first.communicate(timeout=60)
+    _, said = first.communicate(timeout=60)
     assert first.returncode == 130 and not (out / "summary.json").exists()
+    assert f"the watch stopped, run {run} goes on; the same hopbus watch follows it again" in (
+        said.decode()
+    )
     again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0, again.stderr
     s = strict(again.stdout)
@@ -389,7 +392,9 @@ def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_clien
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     refused = hopbus("watch", "--run", run, "--out", str(tmp_path / "other"), "--redis", redis_url)
-    assert refused.returncode == 2 and "already holds files" in refused.stderr, refused.stderr
+    assert refused.returncode == 2, refused.stderr
+    assert "already holds files: choose another --out, or remove it" in refused.stderr
+    assert not (out / ".hopbus.lock").exists()  # the folder's lock went with its watch
 
 
 def test_a_forged_endpoint_is_one_line(redis_url, redis_client):
