@@ -66,6 +66,15 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
         raise
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
+        top = missing.split(".")[0]
+        if module_name.endswith(".py") or top != module_name.split(".")[0]:
+            # the user's module was found: something it imports is not installed here
+            tf = top in ("keras", "tensorflow")
+            extra = " (TensorFlow is hopbus's tf extra: pip install -e '.[tf]')" if tf else ""
+            raise ConfigError(
+                f"{flag} {spec!r}: importing {module_name} failed: no module named {missing!r}, "
+                f"which it imports: not installed in this Python ({sys.executable}){extra}"
+            ) from None
         raise ConfigError(
             f"{flag} {spec!r}: no module named {missing!r} (run from the folder that holds "
             "it, or add that folder to PYTHONPATH)"

@@ -63,6 +63,17 @@ def test_missing_file_and_module(tmp_path):
         load_callable("hopbus_absent_mod:f", "--data")
 
 
+def test_a_module_whose_import_is_not_installed_says_so(tmp_path):
+    """Fault ``missing_dependency``: the user's file is there, a package it imports is not:
+    said as such, not as a folder to run from."""
+    path = module(tmp_path, "um_needs_keras", "import keras_absent_for_hopbus as keras\n")
+    with pytest.raises(ConfigError) as info:
+        load_callable(f"{path}:model", "--model")
+    said = str(info.value)
+    assert "no module named 'keras_absent_for_hopbus', which it imports: not installed" in said
+    assert "PYTHONPATH" not in said
+
+
 def test_a_model_function_gets_what_it_names_and_must_return_a_model(tmp_path):
     path = module(
         tmp_path,
