@@ -45,11 +45,14 @@ def load_dataset(spec: str, seed: int = 0, keep: Keep = None) -> Dataset:
         from hopbus.data.svmlight import load_svmlight
 
         return load_svmlight(*_svmlight_paths(args), keep=keep)
-    if kind == "cifar10" and sep:
+    if kind == "cifar10":
         from hopbus.data.cifar10 import load_cifar10
 
         if not args.strip():
-            raise DataError(f"cifar10 needs a folder: {DATA_GRAMMAR}")
+            raise DataError(
+                "cifar10 needs the folder of its batches: --data cifar10:DIR, or --data cifar10 "
+                "--data-dir DIR"
+            )
         return load_cifar10(args, keep=keep)
     from hopbus.models.custom import is_callable_spec
 

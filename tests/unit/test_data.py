@@ -91,10 +91,18 @@ def test_synthetic_refuses(spec: str, needle: str) -> None:
     assert needle in refused(spec)
 
 
-@pytest.mark.parametrize("spec", ["mnist", "", "digits:3", "svmlight", "cifar10"])
+@pytest.mark.parametrize("spec", ["mnist", "", "digits:3", "svmlight"])
 def test_unknown_spec_quotes_the_grammar(spec: str) -> None:
     assert DATA_GRAMMAR in refused(spec)
     assert issubclass(DataError, UserError)
+
+
+@pytest.mark.parametrize("spec", ["cifar10", "cifar10:", "cifar10: "])
+def test_cifar10_without_its_folder_says_how_to_give_it(spec: str) -> None:
+    assert refused(spec) == (
+        "cifar10 needs the folder of its batches: --data cifar10:DIR, or --data cifar10 "
+        "--data-dir DIR"
+    )
 
 
 # svmlight
