@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:
         if not _usage_error(exc):
             raise
-        message = exc.format_message()
+        # an enum flag's value is checked by pydantic, whose words lead the line
+        message = exc.format_message().replace(": Value error, ", ": ", 1)
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)
         sys.exit(exc.exit_code)

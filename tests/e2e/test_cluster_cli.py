@@ -31,6 +31,7 @@ def _one_line_error(p, code: int) -> str:
         (["--redis", "ftp://example"], "redis://"),
         (["-n", "1"], "at least 2"),
         (["--mode", "backup", "--max-ig", "0"], "token queues"),
+        (["--mode", "fast"], "(env var: 'HOPBUS_MODE'): 'fast' is not one of 'standard'"),
     ],
 )
 def test_train_refuses_bad_input_before_starting_anything(tmp_path, args, needle):
