@@ -734,8 +734,8 @@ class Launcher:
         while True:
             interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
             pace = last_read + FOLLOW_S - time.monotonic()
-            if pace > 0:
-                time.sleep(pace)  # pacing the reads (FOLLOW_S): entries wait in the stream
+            if pace > 0 and not any(p.popen.poll() is not None for p in self.procs):
+                time.sleep(pace)  # pacing the reads (FOLLOW_S); one that exited: look now
             last_read = time.monotonic()
             try:
                 entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
