@@ -486,9 +486,11 @@ def worker_cmd(
         result = w.run_loop()
     except UserError as exc:
         quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
-        # a refused process writes nothing; one that failed before it took its free place
-        # (its --model did not load here) is that place's failure: the run hears it
-        if w is not None and not quiet and (w.admitted or w.vacant()):
+        # a refused process writes nothing; one that failed before it took the place the
+        # run's join counter gave it alone (its --model did not load here), while it was
+        # still free, is that place's failure: the run hears it. With --id it may be a
+        # stray beside the real one, still loading: it says so only on its own terminal
+        if w is not None and not quiet and (w.admitted or (worker_id is None and w.vacant())):
             report_failure(url, run, w.node, str(exc))
         raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")

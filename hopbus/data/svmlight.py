@@ -45,7 +45,8 @@ def _problem(line: bytes) -> str | None:
     last = -1
     for i, token in enumerate(fields[1:], start=2):
         key, sep, value = token.partition(b":")
-        if not sep or (not key.isdigit() and not (i == 2 and key == b"qid")):
+        digits = key[1:] if key[:1] in (b"+", b"-") else key  # the parser takes a sign
+        if not sep or (not digits.isdigit() and not (i == 2 and key == b"qid")):
             return f"field {i} is not index:value"
         number = _number(value)
         if number is None:
@@ -54,10 +55,13 @@ def _problem(line: bytes) -> str | None:
             return f"field {i} has a value that is not finite"
         if abs(number) > _FLOAT32_MAX:
             return f"field {i} has a value beyond float32's range (features are float32)"
-        if key.isdigit():
-            index = int(key)
-            if index > MAX_INDEX:
+        if digits.isdigit():
+            significant = digits.lstrip(b"0") or b"0"  # int() of 5000 digits would raise
+            if len(significant) > len(str(MAX_INDEX)) or int(significant) > MAX_INDEX:
                 return f"field {i} has an index above {MAX_INDEX}"
+            index = -int(significant) if key[:1] == b"-" else int(significant)
+            if index < 0:
+                return f"field {i} has a negative index"
             if index <= last:
                 return f"field {i}'s index is not above the one before (indices go up, once each)"
             last = index
@@ -84,7 +88,11 @@ def _read(path: str) -> tuple[Any, np.ndarray]:
     line at fault."""
     p = Path(path)
     if not p.is_file():
-        why = "is a directory" if p.is_dir() else "no such file"
+        why = (
+            "is a directory"
+            if p.is_dir()
+            else ("is not a regular file" if p.exists() else "no such file")
+        )
         raise DataError(f"cannot read svmlight file {path!r}: {why}")
     from sklearn.datasets import load_svmlight_file
 

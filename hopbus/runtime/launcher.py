@@ -10,12 +10,14 @@ the launcher dies, so no process outlives the run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -1131,7 +1133,10 @@ def _holding(out: Path) -> Iterator[None]:
     first's. An flock on ``out/LOCK``, which holds the pid for the refusal's line: it goes
     with the process however that ends (kill -9 too), and the file with a process that ends
     normally. On a file system without locks the run goes on unguarded."""
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {str(out)!r}: cannot make it ({exc.strerror or exc})") from None
     path = out / LOCK
     fd, locked = _lock(out, path), False
     try:
@@ -1140,7 +1145,7 @@ def _holding(out: Path) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.read(fd, 16).decode(errors="replace").strip()
-                pid = f" (pid {holder})" if holder.isdigit() else ""
+                pid = f" (pid {holder})" if holder.isascii() and holder.isdigit() else ""
                 raise ConfigError(
                     f"{out} is being written by another hopbus process{pid}, whose run is "
                     "still going: wait for it to end, or stop it first"
@@ -1166,14 +1171,26 @@ def _holding(out: Path) -> Iterator[None]:
 
 
 def _lock(out: Path, path: Path) -> int:
-    """The lock file of ``_holding``, opened (made if new); never through a link: the pid is
-    written into it."""
+    """The lock file of ``_holding``, opened (made if new): a regular file of its own, as the
+    pid is written into it; never one reached through a link, symbolic or hard, nor a FIFO
+    or a device."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise ConfigError(f"--out {str(out)!r} is not writable ({exc.strerror})") from None
         raise ConfigError(
             f"--out {str(out)!r}: cannot open its {LOCK} ({exc.strerror}): move it away"
         ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise ConfigError(
+            f"--out {str(out)!r}: its {LOCK} is not a file of its own (a link, or another kind "
+            "of file): move it away"
+        )
+    return fd
 
 
 def _checked(

@@ -248,9 +248,9 @@ class Node:
 
     def vacant(self) -> bool:
         """Whether this node's place in the run is free (no process holds it, none held it):
-        a failure before it took the place, its model or data not loading, is then the
-        place's own, and the run hears it; a process started for a place that is taken, or
-        for no place, writes nothing into the run."""
+        for a process the join counter gave that place, a failure before taking it (its
+        model or data not loading) is then the place's own, and the run hears it; a process
+        started for a place that is taken, or for no place, writes nothing into the run."""
         if not hasattr(self, "control") or not 0 <= self.node < self.topo.n:
             return False  # the run's config, or this node's place in it, was never read
         try:

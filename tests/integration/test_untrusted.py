@@ -287,9 +287,11 @@ def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, t
 
 def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, tmp_path):
     """Fault ``model_file_elsewhere``: a run created with --model FILE.py:FUNCTION in one
-    folder and its worker started in another, where no such file is. The worker exits 2 in
-    one line; its place was free, so that failure is the place's and goes into the run,
-    and hopbus watch ends on it at once, naming worker and file (it waited for ever)."""
+    folder and its worker started in another, where no such file is. With --id it may be a
+    stray beside a real worker still loading: one line, nothing in the run. Without --id
+    (a compose replica) the join counter gave it its place alone, and it was free: that
+    failure is the place's, goes into the run, and hopbus watch ends on it at once, naming
+    worker and file (it waited for ever)."""
     code, other = tmp_path / "code", tmp_path / "other"
     code.mkdir()
     other.mkdir()
@@ -307,10 +309,13 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
     created = in_folder(code, "create", "--run", run, "-n", "2", "--model", "models.py:build",
                         "--data", "synthetic:200,4,2", "--iterations", "20")  # fmt: skip
     assert created.returncode == 0, created.stderr
+    client = redis.Redis.from_url(redis_url)
     p = in_folder(other, "worker", "--run", run, "--id", "0")
     assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
     assert f"--model 'models.py:build': no such file 'models.py' in {other} (each" in p.stderr
-    client = redis.Redis.from_url(redis_url)
+    assert not client.exists(RunKeys(run).events)
+    p = in_folder(other, "worker", "--run", run)
+    assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
     errors = [f for _, f in client.xrange(RunKeys(run).events) if f.get(b"kind") == b"error"]
     assert len(errors) == 1 and errors[0][b"worker"] == b"0", errors
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
