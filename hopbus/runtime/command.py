@@ -27,12 +27,13 @@ import redis
 from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect
+from hopbus.coord.control import RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer
-from hopbus.runtime.node import read_run_config, redis_failures
+from hopbus.runtime.node import place_taken, read_run_config, redis_failures
 from hopbus.runtime.worker import report_failure
 
 TAIL_LINES = 3
@@ -100,6 +101,10 @@ def run_command(
             raise ConfigError(f"--id {worker}: run {run!r} has workers 0..{topo.n - 1}")
         if worker is None:
             worker = join_worker(client, keys, topo.n)
+        elif not settings.get("rejoin") and (why := RunControl(client, keys, worker).taken()):
+            # before the script starts: a stray's script would only be refused, or fail,
+            # and its failure is not the run's to hear
+            raise place_taken(who, run, worker, why)
     shown = shlex.join(command)
     if len(shown) > 80:
         shown = shown[:77] + "..."

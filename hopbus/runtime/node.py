@@ -80,6 +80,13 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
             raise RunFailure(f"{self.who} lost Redis: {exc}") from None
 
 
+def place_taken(who: str, run: str, node: int, why: str) -> RunStateError:
+    """The refusal of a process whose place in the run another has or had."""
+    return RunStateError(
+        f"{who} of run {run} is taken: {why} (is `hopbus worker --id {node}` running twice?)"
+    )
+
+
 def read_run_config(
     client: redis.Redis, keys: RunKeys, timeout: float
 ) -> tuple[TrainConfig, Topology]:
@@ -235,10 +242,7 @@ class Node:
         if not self.rejoin:
             why = self.control.claim(endpoint, Heartbeat.ttl_ms_for(self.heartbeat_s))
             if why is not None:
-                raise RunStateError(
-                    f"{self.who} of run {self.keys.run} is taken: {why} (is `hopbus worker "
-                    f"--id {self.node}` running twice?)"
-                )
+                raise place_taken(self.who, self.keys.run, self.node, why)
         self.admitted = True  # from here on, its failures are the run's to hear
         self.heartbeat = Heartbeat(
             self.control, self.heartbeat_s, stats=self.stats, patience_s=self.timeout

@@ -18,7 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, wait_for
+
+from hopbus.coord.keys import RunKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = itertools.count()
@@ -289,6 +292,16 @@ def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, s
         f"hopbus: error: run {run} trains a script's model (hopbus launch): start its workers "
         f"with the script, hopbus worker --run {run} -- COMMAND ARGS..."
     ]
+    # fault ``stray_script_worker``: a copy for a place another process had is refused before
+    # its script starts, and writes nothing into the run
+    before = redis.Redis.from_url(redis_url).xlen(RunKeys(run).events)
+    stray = hopbus("worker", "--run", run, "--id", "0", "--redis", redis_url, "--",
+                   sys.executable, "-c", "import sys; sys.exit(3)")  # fmt: skip
+    assert stray.returncode == 2 and error_lines(stray.stderr) == [
+        f"hopbus: error: worker 0 of run {run} is taken: it finished already (is `hopbus worker "
+        "--id 0` running twice?)"
+    ], stray.stderr
+    assert redis.Redis.from_url(redis_url).xlen(RunKeys(run).events) == before
 
 
 def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
