@@ -826,6 +826,9 @@ class Heartbeat:
             try:
                 self.beat()
                 failing_since = None
+            except redis.ResponseError as exc:  # a refusal (a key of another type): no outage
+                self.error = exc
+                return
             except redis.RedisError as exc:  # Redis may be restarting: give it ``patience_s``
                 now = time.monotonic()
                 failing_since = now if failing_since is None else failing_since

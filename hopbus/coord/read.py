@@ -38,6 +38,19 @@ def text(value: Any, limit: int = 2000) -> str | None:
     return value if len(value) <= limit else value[:limit] + "..."
 
 
+_IN_SCRIPT = re.compile(r"^Error running script \(call to [^)]*\): @user_script:\d+: ")
+
+
+def refusal(exc: BaseException) -> str:
+    """A Redis refusal in one short line: its reason (``WRONGTYPE ...``, ``NOPERM ...``),
+    without the pipeline's command or the Lua source redis-py wraps it in."""
+    said = str(exc)
+    if "caused error: " in said:
+        said = said.split("caused error: ", 1)[1]
+    said = _IN_SCRIPT.sub("", said).split(" script: ", 1)[0]  # Redis 7.0's wrapper, 7.2's
+    return (text(said, 200) or type(exc).__name__).strip()
+
+
 def stop_reason(value: Any) -> str:
     """A run's stop key (``hop:{R}:stop``, present) as the reason to show: its text, or a word
     for a value without any. An empty or unreadable one stops the run all the same."""

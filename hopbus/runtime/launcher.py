@@ -475,7 +475,7 @@ class Launcher:
     def _refused(self, exc: redis.ResponseError) -> str:
         return (
             f"Redis at {redact(self.url)} refused a read of the run's keys "
-            f"({read.text(str(exc), 200)}): did something else write them?"
+            f"({read.refusal(exc)}): did something else write them?"
         )
 
     def _record_end(self, outcome: Outcome) -> None:

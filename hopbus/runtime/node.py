@@ -24,6 +24,7 @@ import redis
 import zmq
 
 from hopbus.config import TrainConfig, make_config
+from hopbus.coord import read
 from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import FINISHED, RunKeys
@@ -285,8 +286,6 @@ class Node:
         """The failure for an endpoint ZeroMQ cannot connect to, as read from the run's
         registry (which anything that can write the run's keys can change): one line,
         control characters out."""
-        from hopbus.coord import read
-
         return RunFailure(
             f"{self.who}: {read.text(str(exc), 300)} (read from {self.keys.addr}: a worker's "
             "endpoint?)"
@@ -327,6 +326,11 @@ class Node:
         if self.inbox is not None and self.inbox.error is not None:
             raise self.inbox.error
         hb = self.heartbeat
+        if hb is not None and isinstance(hb.error, redis.ResponseError):
+            raise RunFailure(
+                f"{self.who}: Redis refused its heartbeat ({read.refusal(hb.error)}): a key of "
+                f"run {self.keys.run} holds what hopbus did not write there"
+            )
         if hb is not None and hb.error is not None:
             raise RunFailure(f"{self.who} lost Redis: {hb.error}")
         if hb is not None and hb.stopped is not None:

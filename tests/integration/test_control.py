@@ -9,6 +9,7 @@ import uuid
 import pytest
 import redis
 
+from hopbus.coord import read
 from hopbus.coord.control import Heartbeat, RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.errors import DeclaredDead
@@ -80,6 +81,24 @@ def test_an_empty_stop_key_stops_the_run_too(redis_client, run):
         hb.beat()
         assert hb.stopped == "stopped (no readable reason given)"
         assert zero.stop_run("worker 1 died") == hb.stopped  # the first stop stays
+
+
+def test_a_stop_key_of_another_type_is_a_refusal_not_an_outage(redis_client, run):
+    """Fault ``stop_key_wrong_type``: ``HSET hop:{R}:stop a b``. Every beat is refused; the
+    heartbeat says so at once instead of riding it out as a lost Redis for its patience (the
+    workers trained on, their heartbeats expired, until --timeout), and the line the worker
+    gives quotes Redis's reason, not the Lua source."""
+    keys, zero, _ = run
+    hb = Heartbeat(zero, 0.3, patience_s=600.0)
+    hb.beat()
+    redis_client.hset(keys.stop, "a", "b")
+    hb._thread.start()
+    hb._thread.join(timeout=30)  # it ends on the refusal, long before its patience
+    assert not hb._thread.is_alive() and isinstance(hb.error, redis.ResponseError)
+    assert (
+        read.refusal(hb.error)
+        == "WRONGTYPE Operation against a key holding the wrong kind of value"
+    )
 
 
 def _replace(redis_client, keys: RunKeys, worker: int) -> RunControl:
