@@ -85,7 +85,10 @@ FOLLOW_S = 0.1
 read as soon as an entry is there wakes the launcher (and Redis) about once per
 worker-iteration, which on a small model costs more CPU than the workers' protocol and, on a
 busy machine, slows them; a tenth of a second is still quicker than a display refreshes or a
-failure needs noticing."""
+failure needs noticing. A read that comes back full (``FOLLOW_BATCH``) is followed by the
+next at once: the launcher keeps up however fast the workers go."""
+FOLLOW_BATCH = 1000
+"""Progress entries a read takes at most."""
 
 
 @dataclass
@@ -732,15 +735,18 @@ class Launcher:
         cursor = "0-0"
         pending: list[Entry] = []
         outage = Outage(self.cfg.timeout)
-        last_read = 0.0
+        last_read, behind = 0.0, False
         while True:
             interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
             pace = last_read + FOLLOW_S - time.monotonic()
-            if pace > 0 and not any(p.popen.poll() is not None for p in self.procs):
+            if pace > 0 and not behind and not any(p.popen.poll() is not None for p in self.procs):
                 time.sleep(pace)  # pacing the reads (FOLLOW_S); one that exited: look now
             last_read = time.monotonic()
             try:
-                entries = read_entries(self.r, self.keys.progress, cursor, block_ms=200)
+                entries = read_entries(
+                    self.r, self.keys.progress, cursor, block_ms=200, count=FOLLOW_BATCH
+                )
+                behind = len(entries) == FOLLOW_BATCH  # a full batch: read on at once
                 if entries:
                     cursor = entries[-1][0]
                     pending.extend(entries)
