@@ -94,11 +94,20 @@ def load_config(
 
 def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
     """A fresh worker id for a process started without ``--id`` (a compose replica): one
-    atomic INCR, so concurrent joiners get 0..N-1 exactly once each; the N+1th is refused."""
-    worker = int(client.incr(keys.joined)) - 1
-    if worker >= workers:
-        raise RunStateError(f"run {keys.run} already has its {workers} workers")
-    return worker
+    atomic INCR, so concurrent joiners get 0..N-1 exactly once each; the N+1th is refused.
+    An id a process started with ``--id`` holds or held is passed over, so plain workers
+    fill the places those left."""
+    from hopbus.coord.control import RunControl
+
+    while True:
+        worker = int(client.incr(keys.joined)) - 1
+        if worker >= workers:
+            raise RunStateError(
+                f"run {keys.run} already has its {workers} workers (each id is given once, to "
+                f"a worker that failed too: hopbus inspect --run {keys.run} shows them)"
+            )
+        if RunControl(client, keys, worker).taken() is None:
+            return worker
 
 
 def set_status(client: redis.Redis, keys: RunKeys, status: str) -> None:
@@ -125,8 +134,9 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
     was stopped, ``running`` while some node's heartbeat is alive,
     ``abandoned`` when it started (a counter, or a registered endpoint) but nothing beats
-    any more, otherwise the recorded status (``starting``: created, no worker came yet; or
-    ``stopped`` after Ctrl-C)."""
+    any more, ``failed`` when no worker came yet but one posted an error (it failed before
+    taking its place: its model did not load), otherwise the recorded status (``starting``:
+    created, no worker came yet; or ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
     recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
@@ -160,6 +170,10 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return recorded
     if any(c is not None for c in counters) or registered or recorded == "running":
         return "abandoned"
+    if recorded == "starting" and any(
+        f.get(b"kind") == b"error" for _, f in client.xrevrange(keys.events, count=100)
+    ):
+        return "failed"
     return recorded
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import redis
-from cluster import acl_broker
+from cluster import acl_broker, wait_for
 
 from hopbus.coord.keys import RunKeys
 
@@ -86,7 +86,10 @@ def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
     lines = [
         ln for ln in extra.stderr.strip().splitlines() if not ln.startswith("hopbus: warning:")
     ]
-    assert lines == [f"hopbus: error: run {run} already has its {n} workers"], extra.stderr
+    assert lines == [
+        f"hopbus: error: run {run} already has its {n} workers (each id is given once, to a "
+        f"worker that failed too: hopbus inspect --run {run} shows them)"
+    ], extra.stderr
 
     client = redis.Redis.from_url(url)
     assert int(client.get(RunKeys(run).joined)) == n + 1
@@ -121,3 +124,30 @@ def test_broker_refuses_clients_without_the_password(broker):
     with pytest.raises(redis.exceptions.NoPermissionError):
         hopbus_user.flushall()
     hopbus_user.close()
+
+
+def test_a_plain_worker_passes_over_an_id_another_was_started_with(redis_url, tmp_path):
+    """Fault ``id_then_plain``: worker 0 started with --id 0, then one without --id. The join
+    counter's 0 is passed over, held already, and the plain worker takes 1 (it took 0, was
+    refused for an --id it was never given, and used that id up)."""
+    run = f"mixed{os.getpid()}"
+    create = ["create", "--run", run, "-n", "2", "--topology", "ring", "--iterations", "60"]
+    p = subprocess.run(_hopbus(*create, "--redis", redis_url), capture_output=True, text=True,
+                       env=_env(), timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": _env()}
+    worker = ["worker", "--run", run, "--redis", redis_url]
+    first = subprocess.Popen(_hopbus(*worker, "--id", "0"), **pipes)
+    try:
+        wait_for(lambda: client.exists(keys.hb(0)), 60, "worker 0 to take its place")
+        plain = subprocess.run(_hopbus(*worker), **pipes, timeout=120, check=False)
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert plain.returncode == 0, plain.stderr
+    assert "hopbus: worker 1 finished 60 iterations" in plain.stdout
+    assert first.returncode == 0, err
+    client.close()

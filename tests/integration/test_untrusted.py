@@ -318,6 +318,8 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
     assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
     errors = [f for _, f in client.xrange(RunKeys(run).events) if f.get(b"kind") == b"error"]
     assert len(errors) == 1 and errors[0][b"worker"] == b"0", errors
+    inspect = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
+    assert json.loads(inspect.stdout)["status"] == "failed"  # not "starting" for ever
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
     assert watch.returncode == 1, watch.stderr
     assert f"run {run} failed: worker 0: --model 'models.py:build': no such file" in watch.stderr
