@@ -38,6 +38,36 @@ def _usage_error(exc: BaseException) -> bool:
     return isinstance(getattr(exc, "exit_code", None), int) and hasattr(exc, "format_message")
 
 
+_NOT_FOR_SCRIPTS = {
+    "--checkpoint-every": "a script saves its own state (for Keras: "
+    "keras.callbacks.BackupAndRestore)",
+    "--group-size": "it belongs to wagma, which hopbus train runs",
+    "--sync-period": "it belongs to wagma, which hopbus train runs",
+    "--lookahead": "it belongs to ps-elastic, which hopbus train runs",
+    "--compute-time": "it is hopbus sim's",
+    "--jitter": "it is hopbus sim's",
+    "--latency": "it is hopbus sim's",
+}
+
+
+def _model_flag_to_launch(exc: BaseException) -> str | None:
+    """``hopbus launch --lr 0.1 -- ...``: a run flag a script's run has no use for, said so
+    (click would only suggest the closest option names)."""
+    name = getattr(exc, "option_name", None)
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(name, str) or getattr(getattr(ctx, "command", None), "name", "") != "launch":
+        return None
+    from hopbus.config import TrainConfig, flag_of
+
+    if name not in {flag_of(field) for field in TrainConfig.model_fields}:
+        return None
+    why = _NOT_FOR_SCRIPTS.get(name) or (
+        "it is a setting of hopbus's own models (hopbus train); your script sets its own, from "
+        "its arguments after --"
+    )
+    return f"hopbus launch takes no {name}: {why}"
+
+
 def _silence_stdout() -> None:
     """After stdout failed, point it at /dev/null so the interpreter's final flush is quiet."""
     try:
@@ -83,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not _usage_error(exc):
             raise
         # an enum flag's value is checked by pydantic, whose words lead the line
-        message = exc.format_message().replace(": Value error, ", ": ", 1)
+        message = _model_flag_to_launch(exc) or exc.format_message().replace(
+            ": Value error, ", ": ", 1
+        )
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)
         sys.exit(exc.exit_code)

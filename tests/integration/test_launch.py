@@ -204,7 +204,17 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
     for flags, command, expected in (
         (["--mode", "ps-bsp"], [sys.executable, str(script)], "trains with the Hop modes only"),
         ([], [], "give the command to run after --"),
-        (["--checkpoint-every", "5"], [sys.executable, str(script)], "No such option"),
+        (
+            ["--checkpoint-every", "5"],
+            [sys.executable, str(script)],
+            "hopbus launch takes no --checkpoint-every: a script saves its own state",
+        ),
+        (
+            ["--lr", "0.1"],
+            [sys.executable, str(script)],
+            "hopbus launch takes no --lr: it is a setting of hopbus's own models (hopbus train)",
+        ),
+        (["--bogus"], [sys.executable, str(script)], "No such option: --bogus"),
         ([], ["hopbus-no-such-program-xyz"], "cannot run 'hopbus-no-such-program-xyz'"),
     ):
         out = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
