@@ -16,6 +16,7 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
+from hopbus.coord.keys import JOIN_FAILED
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
@@ -486,12 +487,15 @@ def worker_cmd(
         result = w.run_loop()
     except UserError as exc:
         quiet = isinstance(exc, RunStopped | RejoinFailed | DeclaredDead)
-        # a refused process writes nothing; one that failed before it took the place the
-        # run's join counter gave it alone (its --model did not load here), while it was
-        # still free, is that place's failure: the run hears it. With --id it may be a
+        # a refused process writes nothing. One that failed before it took the place the
+        # run's join counter gave it (its --model did not load here), while it was still
+        # free, says so to the run, which fails if no other process takes the place (one
+        # with --id may be loading: hopbus watch waits --timeout). With --id it may be a
         # stray beside the real one, still loading: it says so only on its own terminal
-        if w is not None and not quiet and (w.admitted or (worker_id is None and w.vacant())):
+        if w is not None and not quiet and w.admitted:
             report_failure(url, run, w.node, str(exc))
+        elif w is not None and not quiet and worker_id is None and w.vacant():
+            report_failure(url, run, w.node, str(exc), kind=JOIN_FAILED)
         raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
 

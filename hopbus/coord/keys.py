@@ -35,6 +35,11 @@ from dataclasses import dataclass
 
 from hopbus.errors import ConfigError
 
+JOIN_FAILED = "join_failed"
+"""The kind of event a worker posts that failed before taking the place the join counter gave
+it (its model did not load there): unlike an ``error``, not a failure of the run by itself, as
+a process started for that place with --id may still be loading (hopbus watch waits
+--timeout for one to take it)."""
 FINISHED = "finished"
 """A node's heartbeat key once it is done: written with its final report in one step (and
 kept without a TTL), so a report counts only beside it (coord/read.result): a report written

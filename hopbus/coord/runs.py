@@ -134,9 +134,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
     was stopped, ``running`` while some node's heartbeat is alive,
     ``abandoned`` when it started (a counter, or a registered endpoint) but nothing beats
-    any more, ``failed`` when no worker came yet but one posted an error (it failed before
-    taking its place: its model did not load), otherwise the recorded status (``starting``:
-    created, no worker came yet; or ``stopped`` after Ctrl-C)."""
+    any more, otherwise the recorded status (``starting``: created, no worker came yet; or
+    ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
     recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
@@ -170,10 +169,6 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return recorded
     if any(c is not None for c in counters) or registered or recorded == "running":
         return "abandoned"
-    if recorded == "starting" and any(
-        f.get(b"kind") == b"error" for _, f in client.xrevrange(keys.events, count=100)
-    ):
-        return "failed"
     return recorded
 
 

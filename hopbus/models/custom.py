@@ -71,9 +71,12 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
             # the user's module was found: something it imports is not installed here
             tf = top in ("keras", "tensorflow")
             extra = " (TensorFlow is hopbus's tf extra: pip install -e '.[tf]')" if tf else ""
+            why = f"not installed in this Python ({sys.executable}){extra}"
+            if top != missing and importlib.util.find_spec(top) is not None:
+                why = f"{top} is installed, with no such part: is the name right?"
             raise ConfigError(
                 f"{flag} {spec!r}: importing {module_name} failed: no module named {missing!r}, "
-                f"which it imports: not installed in this Python ({sys.executable}){extra}"
+                f"which it imports: {why}"
             ) from None
         raise ConfigError(
             f"{flag} {spec!r}: no module named {missing!r} (run from the folder that holds "

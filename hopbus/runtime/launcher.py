@@ -36,7 +36,7 @@ from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact
 from hopbus.coord.control import broker_id
-from hopbus.coord.keys import FINISHED, RunKeys
+from hopbus.coord.keys import FINISHED, JOIN_FAILED, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
     clean_run,
@@ -1041,6 +1041,8 @@ class Watcher(Launcher):
         self.watched = self.keys.run
         self._events = "0-0"
         self._said: dict[int, str] = {}  # a node's error event: why, once its heartbeat is gone
+        # a process that failed before taking its place (JOIN_FAILED): why, and since when
+        self._join_failed: dict[int, tuple[str, float]] = {}
 
     def _start_broker(self) -> None:
         assert self.redis_url is not None
@@ -1061,6 +1063,32 @@ class Watcher(Launcher):
 
     def _spawn(self) -> None:
         """A watcher starts nothing: the run's processes are someone else's."""
+
+    def _joining_failed(self, who: int, why: str) -> None:
+        """A process the join counter gave place ``who`` failed before taking it (its model
+        did not load there): said at once; the run fails only if that place stays empty for
+        --timeout (a process started for it with --id may still be loading its model)."""
+        if who in self._join_failed:
+            return
+        self._join_failed[who] = (why, time.monotonic())
+        self.notes.append(
+            f"{self._name(who)}'s process failed before taking its place: {why}; the run fails "
+            f"unless a process takes it within --timeout ({self.cfg.timeout:g} s)"
+        )
+
+    def _empty_places(self) -> str | None:
+        """The failure, once a place whose joining process failed stayed empty for --timeout."""
+        from hopbus.coord.control import RunControl
+
+        for who, (why, since) in list(self._join_failed.items()):
+            if RunControl(self.r, self.keys, who).taken() is not None:
+                del self._join_failed[who]  # another process has it: the run goes on
+            elif time.monotonic() - since > self.cfg.timeout:
+                return (
+                    f"{self._name(who)}: {why} (no process took its place within "
+                    f"{self.cfg.timeout:g} s)"
+                )
+        return None
 
     def _record(self) -> None:
         if self.r.hget(self.keys.meta, "status") == b"starting":
@@ -1093,6 +1121,11 @@ class Watcher(Launcher):
                 # anything that can write the stream can write this: it says why a node is
                 # gone once its heartbeat is, and never makes a live one gone
                 self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
+            elif rec.get("kind") == JOIN_FAILED and who is not None and 0 <= who < n:
+                self._joining_failed(who, rec.get("message") or "failed")
+        failure = self._empty_places()
+        if failure is not None:
+            return False, failure
         stop = self.r.get(self.keys.stop)
         if stop is not None:
             return False, read.stop_reason(stop)

@@ -611,14 +611,17 @@ class Worker(Node):
         self.control.publish_floor(floor)
 
 
-def report_failure(redis_url: str, run: str, worker: int, message: str) -> None:
+def report_failure(
+    redis_url: str, run: str, worker: int, message: str, kind: str = "error"
+) -> None:
     """Best effort: put a worker's failure on the run's events stream for ``hopbus inspect``
-    (scrubbed of secrets: ``coord.client.scrub``)."""
+    (scrubbed of secrets: ``coord.client.scrub``); ``kind``: ``error``, or ``JOIN_FAILED``
+    for one before it took its place."""
     with contextlib.suppress(redis.RedisError, ConfigError, OSError, ValueError):
         client = quick(redis_url)
         keys = RunKeys(run)
         if client.exists(keys.meta):  # never create keys for a run that does not exist
-            RunControl(client, keys, worker).event("error", message=scrub(message, redis_url))
+            RunControl(client, keys, worker).event(kind, message=scrub(message, redis_url))
         client.close()
 
 

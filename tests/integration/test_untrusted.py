@@ -289,9 +289,10 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
     """Fault ``model_file_elsewhere``: a run created with --model FILE.py:FUNCTION in one
     folder and its worker started in another, where no such file is. With --id it may be a
     stray beside a real worker still loading: one line, nothing in the run. Without --id
-    (a compose replica) the join counter gave it its place alone, and it was free: that
-    failure is the place's, goes into the run, and hopbus watch ends on it at once, naming
-    worker and file (it waited for ever)."""
+    (a compose replica) the join counter gave it its place, free then: it posts a
+    join_failed event, which hopbus watch shows at once and fails the run on once no
+    process took that place within --timeout, naming worker and file (it waited for ever;
+    an error event would have failed a run whose --id worker was still loading)."""
     code, other = tmp_path / "code", tmp_path / "other"
     code.mkdir()
     other.mkdir()
@@ -307,7 +308,8 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
                               text=True, timeout=60, check=False)  # fmt: skip
 
     created = in_folder(code, "create", "--run", run, "-n", "2", "--model", "models.py:build",
-                        "--data", "synthetic:200,4,2", "--iterations", "20")  # fmt: skip
+                        "--data", "synthetic:200,4,2", "--iterations", "20",
+                        "--timeout", "3")  # fmt: skip
     assert created.returncode == 0, created.stderr
     client = redis.Redis.from_url(redis_url)
     p = in_folder(other, "worker", "--run", run, "--id", "0")
@@ -316,13 +318,35 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
     assert not client.exists(RunKeys(run).events)
     p = in_folder(other, "worker", "--run", run)
     assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, p.stderr
-    errors = [f for _, f in client.xrange(RunKeys(run).events) if f.get(b"kind") == b"error"]
-    assert len(errors) == 1 and errors[0][b"worker"] == b"0", errors
-    inspect = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
-    assert json.loads(inspect.stdout)["status"] == "failed"  # not "starting" for ever
+    (event,) = [f for _, f in client.xrange(RunKeys(run).events)]
+    assert event[b"kind"] == b"join_failed" and event[b"worker"] == b"0", event
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
     assert watch.returncode == 1, watch.stderr
-    assert f"run {run} failed: worker 0: --model 'models.py:build': no such file" in watch.stderr
+    assert "worker 0's process failed before taking its place: --model" in watch.stderr
+    assert (
+        f"run {run} failed: worker 0: --model 'models.py:build': no such file 'models.py' in "
+        f"{other} (each worker's own folder) (no process took its place within 3 s)"
+    ) in watch.stderr
+
+    # the same failure, while the real workers (--id) are yet to take their places: they
+    # take them within --timeout, and the run goes on and finishes
+    again = f"{run}-b"
+    created = in_folder(code, "create", "--run", again, "-n", "2", "--model", "models.py:build",
+                        "--data", "synthetic:200,4,2", "--iterations", "200",
+                        "--iter-time", "0.02", "--timeout", "30")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert in_folder(other, "worker", "--run", again).returncode == 2
+    args = hopbus_args("watch", "--run", again, "--out", str(tmp_path / "w2"))
+    watch = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    real = [subprocess.Popen(hopbus_args("worker", "--run", again, "--id", str(i)), cwd=code,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]  # fmt: skip
+    for w in real:
+        w.communicate(timeout=120)
+    _, said = watch.communicate(timeout=120)
+    assert watch.returncode == 0 and all(w.returncode == 0 for w in real), said
+    assert "worker 0's process failed before taking its place" in said
 
 
 def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, tmp_path):

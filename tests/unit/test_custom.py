@@ -72,6 +72,9 @@ def test_a_module_whose_import_is_not_installed_says_so(tmp_path):
     said = str(info.value)
     assert "no module named 'keras_absent_for_hopbus', which it imports: not installed" in said
     assert "PYTHONPATH" not in said
+    path = module(tmp_path, "um_needs_part", "import numpy.no_such_part_for_hopbus\n")
+    with pytest.raises(ConfigError, match="numpy is installed, with no such part: is the name"):
+        load_callable(f"{path}:model", "--model")
 
 
 def test_a_model_function_gets_what_it_names_and_must_return_a_model(tmp_path):
