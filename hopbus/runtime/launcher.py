@@ -1067,8 +1067,11 @@ class Watcher(Launcher):
     def _joining_failed(self, who: int, why: str) -> None:
         """A process the join counter gave place ``who`` failed before taking it (its model
         did not load there): said at once; the run fails only if that place stays empty for
-        --timeout (a process started for it with --id may still be loading its model)."""
-        if who in self._join_failed:
+        --timeout (a process started for it with --id may still be loading its model). A
+        place another process holds already is not news (nor is a forged event about it)."""
+        from hopbus.coord.control import RunControl
+
+        if who in self._join_failed or RunControl(self.r, self.keys, who).taken() is not None:
             return
         self._join_failed[who] = (why, time.monotonic())
         self.notes.append(
