@@ -548,8 +548,7 @@ class RunControl:
     def taken(self) -> str | None:
         """Why this worker's place cannot be claimed (claim's own check, taking nothing), or
         None while it is free."""
-        k, w = self.keys, self.worker
-        return read.text(self._vacant(keys=[k.iter(w), k.hb(w), k.result], args=[w])) or None
+        return taken(self.r, self.keys, self.worker, self._vacant)
 
     def endpoints(self, of: Sequence[int]) -> dict[int, str | None]:
         if not of:
@@ -718,6 +717,16 @@ class RunControl:
     def alive(self, of: Sequence[int]) -> dict[int, bool]:
         """Per node: beating (a heartbeat with its TTL), or finished (its marker)."""
         return {j: not read.gone(*beat) for j, beat in heartbeats(self.r, self.keys, of).items()}
+
+
+def taken(client: Any, keys: RunKeys, worker: int, script: Any = None) -> str | None:
+    """``RunControl.taken`` for a caller with no RunControl of that worker: why its place
+    cannot be claimed, or None while it is free (``script``: a ``Lua`` of ``_VACANT``)."""
+    check = script if script is not None else Lua(client, _VACANT)
+    return (
+        read.text(check(keys=[keys.iter(worker), keys.hb(worker), keys.result], args=[worker]))
+        or None
+    )
 
 
 def broker_id(client: Any) -> str:

@@ -97,7 +97,7 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
     atomic INCR, so concurrent joiners get 0..N-1 exactly once each; the N+1th is refused.
     An id a process started with ``--id`` holds or held is passed over, so plain workers
     fill the places those left."""
-    from hopbus.coord.control import RunControl
+    from hopbus.coord.control import taken
 
     while True:
         worker = int(client.incr(keys.joined)) - 1
@@ -106,7 +106,7 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
                 f"run {keys.run} already has its {workers} workers (each id is given once, to "
                 f"a worker that failed too: hopbus inspect --run {keys.run} shows them)"
             )
-        if RunControl(client, keys, worker).taken() is None:
+        if taken(client, keys, worker) is None:
             return worker
 
 

@@ -27,7 +27,7 @@ import redis
 from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect
-from hopbus.coord.control import RunControl
+from hopbus.coord.control import taken
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RunFailure
@@ -101,7 +101,7 @@ def run_command(
             raise ConfigError(f"--id {worker}: run {run!r} has workers 0..{topo.n - 1}")
         if worker is None:
             worker = join_worker(client, keys, topo.n)
-        elif not settings.get("rejoin") and (why := RunControl(client, keys, worker).taken()):
+        elif not settings.get("rejoin") and (why := taken(client, keys, worker)):
             # before the script starts: a stray's script would only be refused, or fail,
             # and its failure is not the run's to hear
             raise place_taken(who, run, worker, why)

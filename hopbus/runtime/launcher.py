@@ -35,7 +35,7 @@ from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact
-from hopbus.coord.control import broker_id
+from hopbus.coord.control import broker_id, taken
 from hopbus.coord.keys import FINISHED, JOIN_FAILED, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
@@ -1069,9 +1069,7 @@ class Watcher(Launcher):
         did not load there): said at once; the run fails only if that place stays empty for
         --timeout (a process started for it with --id may still be loading its model). A
         place another process holds already is not news (nor is a forged event about it)."""
-        from hopbus.coord.control import RunControl
-
-        if who in self._join_failed or RunControl(self.r, self.keys, who).taken() is not None:
+        if who in self._join_failed or taken(self.r, self.keys, who) is not None:
             return
         self._join_failed[who] = (why, time.monotonic())
         self.notes.append(
@@ -1081,10 +1079,8 @@ class Watcher(Launcher):
 
     def _empty_places(self) -> str | None:
         """The failure, once a place whose joining process failed stayed empty for --timeout."""
-        from hopbus.coord.control import RunControl
-
         for who, (why, since) in list(self._join_failed.items()):
-            if RunControl(self.r, self.keys, who).taken() is not None:
+            if taken(self.r, self.keys, who) is not None:
                 del self._join_failed[who]  # another process has it: the run goes on
             elif time.monotonic() - since > self.cfg.timeout:
                 return (
