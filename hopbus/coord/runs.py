@@ -92,11 +92,11 @@ def load_config(
         time.sleep(0.1)  # polling for a run another process is creating
 
 
-def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
+def join_worker(client: redis.Redis, keys: RunKeys, workers: int, url: str | None = None) -> int:
     """A fresh worker id for a process started without ``--id`` (a compose replica): one
     atomic INCR, so concurrent joiners get 0..N-1 exactly once each; the N+1th is refused.
     An id a process started with ``--id`` holds or held is passed over, so plain workers
-    fill the places those left."""
+    fill the places those left. ``url``: the Redis the refusal's suggested command names."""
     from hopbus.coord.control import taken
 
     while True:
@@ -104,7 +104,8 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int) -> int:
         if worker >= workers:
             raise RunStateError(
                 f"run {keys.run} already has its {workers} workers (each id is given once, to "
-                f"a worker that failed too: hopbus inspect --run {keys.run} shows them)"
+                f"a worker that failed too: hopbus inspect --run {keys.run}{redis_flag(url)} "
+                "shows them)"
             )
         if taken(client, keys, worker) is None:
             return worker

@@ -100,7 +100,7 @@ def run_command(
         if worker is not None and not 0 <= worker < topo.n:
             raise ConfigError(f"--id {worker}: run {run!r} has workers 0..{topo.n - 1}")
         if worker is None:
-            worker = join_worker(client, keys, topo.n)
+            worker = join_worker(client, keys, topo.n, redis_url)
         elif not settings.get("rejoin") and (why := taken(client, keys, worker)):
             # before the script starts: a stray's script would only be refused, or fail,
             # and its failure is not the run's to hear

@@ -54,7 +54,7 @@ def worker_for(
         cfg, topo = read_run_config(client, keys, timeout)
         check_trainer(cfg, run, script=script)
         if worker is None:
-            worker = join_worker(client, keys, topo.n)
+            worker = join_worker(client, keys, topo.n, redis_url)
     cls: type[Node] = {
         Family.HOP: Worker,
         Family.PS: PSWorker,

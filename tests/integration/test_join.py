@@ -13,6 +13,7 @@ import pytest
 import redis
 from cluster import acl_broker, wait_for
 
+from hopbus.coord.client import redact
 from hopbus.coord.keys import RunKeys
 
 PASSWORD = "t3st-pa55"
@@ -88,7 +89,7 @@ def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
     ]
     assert lines == [
         f"hopbus: error: run {run} already has its {n} workers (each id is given once, to a "
-        f"worker that failed too: hopbus inspect --run {run} shows them)"
+        f"worker that failed too: hopbus inspect --run {run} --redis {redact(url)} shows them)"
     ], extra.stderr
 
     client = redis.Redis.from_url(url)
