@@ -9,6 +9,7 @@ enough on one machine.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -63,6 +64,47 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+_PREFIX = "hopbus-redis-"
+_HELD = ".held"  # flock'd for the folder's lifetime by the process that made it
+
+
+def _hold(folder: Path) -> int:
+    """Lock ``folder`` as this process's (the kernel lets go when it dies, kill -9 too)."""
+    making = folder / (_HELD + ".new")  # locked before a sweeper can see it under its name
+    fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(making, folder / _HELD)
+    return fd
+
+
+def sweep_stale(root: Path | None = None) -> int:
+    """Remove the folders private brokers of this user left behind when their launcher was
+    killed (kill -9 leaves no time to clean up; the server itself dies with it): those whose
+    lock no process holds. Returns how many went."""
+    base = Path(root or tempfile.gettempdir())
+    gone = 0
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        for entry in entries:
+            if not entry.name.startswith(_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            folder = base / entry.name
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                fd = os.open(folder / _HELD, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # not ours, or one being made right now (no lock file yet)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its launcher is alive
+            finally:
+                os.close(fd)
+            shutil.rmtree(folder, ignore_errors=True)
+            gone += 1
+    return gone
+
+
 class EmbeddedRedis:
     """A redis-server child process. ``url`` is set once it answers PING.
 
@@ -74,7 +116,9 @@ class EmbeddedRedis:
         self.binary = find_redis_server()
         self.start_timeout = start_timeout
         self._want_port = port
-        self.dir = Path(tempfile.mkdtemp(prefix="hopbus-redis-"))
+        sweep_stale()
+        self.dir = Path(tempfile.mkdtemp(prefix=_PREFIX))
+        self._held = _hold(self.dir)
         self.url = ""
         self.proc: subprocess.Popen | None = None
 
@@ -159,6 +203,9 @@ class EmbeddedRedis:
     def stop(self) -> None:
         self._kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._held >= 0:
+            os.close(self._held)
+            self._held = -1
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -136,7 +136,7 @@ def acl_broker(folder: Path, password: str):
     """redis-server with the broker's own config and ACL file (the password added, the port
     and bind address the test's), as the compose redis service runs it: the hopbus user alone
     may log in. Yields (port, url of the hopbus user)."""
-    from hopbus.coord.broker import EmbeddedRedis, free_port
+    from hopbus.coord.broker import find_redis_server, free_port
     from hopbus.coord.client import connect
 
     root = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def acl_broker(folder: Path, password: str):
     (folder / "users.acl").write_text("\n".join(acl) + "\n")
     port = free_port()
     args = [
-        EmbeddedRedis().binary,
+        find_redis_server(),
         str(root / "broker" / "redis.conf"),
         *("--aclfile", str(folder / "users.acl"), "--port", str(port), "--bind", "127.0.0.1"),
         *("--dir", str(folder)),
