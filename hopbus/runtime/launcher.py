@@ -782,6 +782,8 @@ class Launcher:
                 self.on_update(self)
             if failure is not None or done:
                 break
+        if failure is not None:  # its processes' last counters, before the summary reads them
+            self.stop_workers()  # (each leaves them as it goes: Node._last_stats)
         try:  # every entry up to the end, a failed run's too: the summary tells it all
             while not self.broker_gone and (
                 entries := read_entries(self.r, self.keys.progress, cursor, count=10_000)

@@ -589,12 +589,23 @@ class Node:
     def close(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
+            self._last_stats(self.heartbeat)
         for box in self._outboxes():
             box.close(linger_s=min(5.0, self.timeout))  # let the last messages leave
         if self.inbox is not None:
             self.inbox.close()
         if self.ctx is not None:
             self.ctx.term()
+
+    def _last_stats(self, heartbeat: Heartbeat) -> None:
+        """A node leaving without its final report (the run stopped, or it failed) leaves its
+        counters as they are now, for the failed run's summary (the heartbeat wrote them
+        only every period: a run stopped within the first leaves zeros); not one declared
+        dead, whose place a replacement may hold."""
+        if heartbeat.declared_dead:
+            return
+        with contextlib.suppress(redis.RedisError):
+            self.control.publish_stats(self.stats())
 
     def _outboxes(self) -> list[Outbox]:
         return [self.outbox] if self.outbox is not None else []

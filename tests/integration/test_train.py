@@ -124,3 +124,10 @@ def test_a_crashed_worker_is_named(redis_url, tmp_path):
     assert p.returncode == 1
     assert "worker 1 exited with status 70" in p.stderr.strip().splitlines()[-1]
     assert not processes_mentioning(run)
+    # the survivors' counters as they left (not the zeros of their first heartbeat): each
+    # sent its updates of about 20 iterations to its out-neighbours
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert not s["finished"]
+    survivors = [w for w in s["per_worker"] if w["worker"] != 1]
+    assert all(w["messages"] >= 20 and w["received"] >= 20 for w in survivors), survivors
+    assert s["messages"] == sum(w.get("messages", 0) for w in s["per_worker"])
