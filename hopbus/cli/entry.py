@@ -42,3 +42,23 @@ def main() -> None:
         run()
     except KeyboardInterrupt:  # while importing, or after the command had returned
         exit_interrupted()
+    finally:
+        _leaving()
+
+
+def _leaving() -> None:
+    """From here the interpreter only shuts down (joins threads, flushes): a SIGTERM now,
+    such as the launcher's to a worker that is already leaving on its own, would raise
+    KeyboardInterrupt inside ``threading._shutdown`` and print a traceback into the log. The
+    exit status is decided: one signal is let pass; a second one (something hangs) ends the
+    process at once, as interrupted."""
+    heard: list[int] = []
+
+    def _late(signum: int, frame: object) -> None:
+        heard.append(signum)
+        if len(heard) > 1:
+            os._exit(INTERRUPTED)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, _late)
+        signal.signal(signal.SIGINT, _late)

@@ -1,0 +1,60 @@
+"""A SIGTERM that reaches a hopbus process while its interpreter shuts down (the launcher
+stopping a worker that is already leaving on its own) prints no traceback and keeps the exit
+status the command decided; a second one (SIGTERM or
+Ctrl-C) ends a process that hangs there."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+# the command (``hopbus --version``) returns at once; a non-daemon thread, standing for the
+# threads a worker leaves to the interpreter to join, says when the shutdown has begun and
+# lingers there for ``LINGER_S`` (forever with None)
+SCRIPT = """
+import sys, threading, time
+LINGER_S = {linger}
+
+def lingering():
+    while threading.main_thread().is_alive():
+        time.sleep(0.01)
+    print("shutting down", flush=True)
+    time.sleep(LINGER_S if LINGER_S is not None else 3600)
+
+threading.Thread(target=lingering).start()
+sys.argv = ["hopbus", "--version"]
+from hopbus.cli.entry import main
+main()
+"""
+
+
+def _leaving(linger: float | None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(linger=linger)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    while (line := proc.stdout.readline()) and line != "shutting down\n":
+        pass
+    assert line == "shutting down\n"
+    return proc
+
+
+def test_one_sigterm_while_shutting_down_is_let_pass():
+    proc = _leaving(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_a_second_one_ends_a_hanging_shutdown():
+    proc = _leaving(None)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)  # not a second SIGTERM, which the first could absorb
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "Traceback" not in err, err
