@@ -211,6 +211,10 @@ def test_each_commands_help_lists_the_modes_it_runs():
         (b"0 999999999\n999999999 0\n", "more than hopbus handles"),
         (b"0 1 x\n1 0 0.5\n", "weight must be a number"),
         (b"0 1\n1 zero\n", "worker ids must be integers"),
+        # a file that is no edge list (/proc/self/environ, say): its content is not quoted
+        (b"AWS_SECRET=hunter2\x00PATH=/bin a b c\n", "expected 'src dst [weight]', got 4"),
+        (b"0 hunter2\n", "worker ids must be integers"),
+        (b"0 1 hunter2\n", "weight must be a number"),
     ],
 )
 def test_bad_topology_files_are_one_line(tmp_path, content, words):
@@ -220,6 +224,7 @@ def test_bad_topology_files_are_one_line(tmp_path, content, words):
         p = hopbus(*args)
         assert p.returncode == 2 and "Traceback" not in p.stderr
         assert p.stderr.count("\n") == 1 and words in p.stderr, p.stderr
+        assert "hunter2" not in p.stderr
 
 
 def test_output_that_cannot_be_written_is_one_line(tmp_path):
