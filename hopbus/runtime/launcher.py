@@ -65,6 +65,7 @@ from hopbus.runtime.progress import (
     read_all,
     read_entries,
     scheme_summary,
+    server_model,
     summarize_run,
     token_invariant_violations,
 )
@@ -969,6 +970,7 @@ class Launcher:
             failure=failure,
         )
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
+        summary.update(server_model(server))
         summary.update(self._consensus(results, live))
         summary["diverged"] = self._diverged()
         refused = {

@@ -393,6 +393,19 @@ def scheme_summary(
 _PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy", "cpu_s")
 
 
+def server_model(server: dict[str, Any] | None) -> dict[str, Any]:
+    """A parameter server's run is judged by the server's model, the one the scheme trains:
+    its ``final_loss`` and ``final_accuracy`` for the summary's, where it reported them. The
+    workers hold the version each last pulled (in ps-asp and ps-ssp, up to a staleness of
+    versions apart, and a step oscillates between them), which stay in ``per_worker``."""
+    if server is None:
+        return {}
+    got = {k: server.get(k) for k in ("final_loss", "final_accuracy")}
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in got.values()):
+        return {}
+    return got
+
+
 def token_invariant_violations(
     client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int, *, dead: set[int] = frozenset()
 ) -> int:

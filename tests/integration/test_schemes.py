@@ -44,6 +44,9 @@ def test_every_scheme_trains_digits(redis_url, tmp_path, mode):
     _check_common(s, tmp_path)
     c = s["scheme"]["counters"]
     assert s["scheme"]["mode"] == mode
+    if mode.startswith("ps-"):  # the server's model is the run's (its log line says it too)
+        said = (tmp_path / "run" / "logs" / "ps.log").read_text()
+        assert f"test accuracy {s['final_accuracy']:.4f}" in said, said
     if mode == "ps-bsp":  # every version waits for every worker: the gap never exceeds 1
         assert c["versions"] == K and c["applied_gradients"] == N * K
         assert c["barriers"] == K and s["max_gap"]["any_pair"] <= 1
