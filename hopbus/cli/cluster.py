@@ -436,6 +436,8 @@ def worker_cmd(
             rich_help_panel=o.PANEL_CLUSTER,
         ),
     ] = None,
+    model: o.GivenModel = None,
+    data: o.GivenData = None,
     command: Annotated[
         list[str] | None,
         typer.Argument(
@@ -457,9 +459,11 @@ def worker_cmd(
     without it (docs/faults.md).
     """
     from hopbus.runtime.join import worker_for
+    from hopbus.runtime.own_code import give
     from hopbus.runtime.worker import report_failure
 
     interrupts.install()
+    give(model, data)
     url = redis or DEFAULT_URL
     w = None
     if command:
@@ -537,6 +541,8 @@ def ps_cmd(
     advertise: o.Advertise = None,
     timeout: o.Timeout = None,
     curve: o.CurveNode = None,
+    model: o.GivenModel = None,
+    data: o.GivenData = None,
 ) -> None:
     """Run the parameter server of a --mode ps-* run: the service compose runs next to the
     workers, started by `hopbus train` for local runs.
@@ -545,10 +551,12 @@ def ps_cmd(
     ps-asp, ps-backup, ps-elastic), answers each worker with the new parameters, and exits 0
     when every worker has been told to finish. Node id N of a run of N workers.
     """
+    from hopbus.runtime.own_code import give
     from hopbus.runtime.ps_server import ParameterServer
     from hopbus.runtime.worker import report_failure
 
     interrupts.install()
+    give(model, data)
     url = redis or DEFAULT_URL
     ps = ParameterServer(
         run,

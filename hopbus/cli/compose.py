@@ -109,13 +109,15 @@ def _hopbus(
     run: str | None,
     swarm: bool,
     code: str | None = None,
+    own: dict[str, str] | None = None,
     results: bool = False,
     build: bool = False,
 ) -> dict[str, Any]:
     """One hopbus service: image, entrypoint, environment, mounts. ``build``: this service
     builds the image (one per image: the others only run it); ``code``: a host folder of the
-    user's modules, mounted and importable (--model / --data MODULE:FUNCTION); ``results``:
-    the results volume (watch's folder; the workers' TensorBoard scalars)."""
+    user's modules, mounted and importable (--model / --data MODULE:FUNCTION), and ``own``
+    the variables that let the service run them (runtime/own_code.py); ``results``: the
+    results volume (watch's folder; the workers' TensorBoard scalars)."""
     service: dict[str, Any] = {"image": f"hopbus-worker:{kind}"}
     if not swarm:
         if build:
@@ -131,6 +133,7 @@ def _hopbus(
     volumes = []
     if code is not None:
         env["PYTHONPATH"] = CODE
+        env.update(own or {})
         volumes.append(f"{code}:{CODE}:ro")
     if results:
         env["HOPBUS_RESULTS"] = RESULTS
@@ -190,25 +193,31 @@ def compose_file(
     classes: tuple[WorkerClass, ...] = (),
     server: bool = False,
     code: str | None = None,
+    own: dict[str, str] | None = None,
     swarm: bool = False,
 ) -> dict[str, Any]:
     """The services for ``cpu`` CPU replicas, ``gpu`` GPU workers and ``classes`` of run
     ``run`` (None: a fresh run id per run of the stack), recorded by the init service with
     ``create_flags`` (which include --workers, the total); ``server`` adds the parameter
     server a ps-* run needs; ``code`` mounts a folder of the user's modules where the run's
-    model is built (init, workers, server); ``swarm``: a stack for docker stack deploy."""
+    model is built (init, workers, server), whose ``own`` variables name the code they may
+    run; ``swarm``: a stack for docker stack deploy."""
     kw: dict[str, Any] = {"run": run, "swarm": swarm}
     healthy = {"redis": {"condition": "service_healthy"}}
     created = {**healthy, "init": {"condition": "service_completed_successfully"}}
     # init has the results volume too: `docker compose cp init:/home/hopbus/runs .` copies
     # every run's results out, whether or not watch's container is still there
-    init = _hopbus("cpu", "create", create_flags, code=code, results=not swarm, build=True, **kw)
+    init = _hopbus(
+        "cpu", "create", create_flags, code=code, own=own, results=not swarm, build=True, **kw
+    )
     services: dict[str, Any] = {"redis": redis_service(swarm=swarm), "init": init}
 
     def worker(kind: str, **extra: Any) -> dict[str, Any]:
         # TensorBoard scalars into the results volume on one machine; a Swarm's workers are
         # on other machines, where that volume is not
-        service = _hopbus(kind, "worker", INBOX, code=code, results=not swarm, **extra, **kw)
+        service = _hopbus(
+            kind, "worker", INBOX, code=code, own=own, results=not swarm, **extra, **kw
+        )
         if not swarm:
             service["depends_on"] = created
         return service
@@ -248,7 +257,7 @@ def compose_file(
             services[f"worker-gpu-{i}"] = service
     workers = [name for name in services if name.startswith("worker-")]
     if server:
-        services["ps"] = _hopbus("cpu", "ps", INBOX, code=code, **kw)
+        services["ps"] = _hopbus("cpu", "ps", INBOX, code=code, own=own, **kw)
         if swarm:
             _swarm_deploy(services["ps"])
         else:
@@ -309,6 +318,7 @@ def generate_cmd(**params: Any) -> None:
     from hopbus.coord.keys import check_run_id
     from hopbus.models.custom import is_callable_spec
     from hopbus.runtime.launcher import check_inputs
+    from hopbus.runtime.own_code import given_env
 
     if run is not None:
         check_run_id(run)
@@ -325,7 +335,8 @@ def generate_cmd(**params: Any) -> None:
             flags += [flag_of(field), str(getattr(value, "value", value))]
     server = cfg.mode.family is Family.PS
     out = compose_file(
-        cpu, gpu, run, flags, classes=classes, server=server, code=code, swarm=swarm
+        cpu, gpu, run, flags, classes=classes, server=server, code=code, own=given_env(cfg),
+        swarm=swarm,
     )  # fmt: skip
     print(json.dumps(out, indent=2))
 

@@ -262,6 +262,34 @@ CurveRun = Annotated[
         rich_help_panel=PANEL_CLUSTER,
     ),
 ]
+_OWN_CODE = (
+    "Only when the run's {flag} is your own code (MODULE:FUNCTION or FILE.py:FUNCTION): the "
+    "same spec, to let this process import and run it. A node never runs code that only the "
+    "run's config in Redis names (whoever has the broker's password could change that); "
+    "hopbus train and launch give it to the processes they start, compose from .env."
+)
+GivenModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        envvar="HOPBUS_MODEL",
+        metavar="SPEC",
+        help=_OWN_CODE.format(flag="--model"),
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
+GivenData = Annotated[
+    str | None,
+    typer.Option(
+        "--data",
+        envvar="HOPBUS_DATA",
+        metavar="SPEC",
+        help=_OWN_CODE.format(flag="--data"),
+        show_default=False,
+        rich_help_panel=PANEL_CLUSTER,
+    ),
+]
 CurveNode = Annotated[
     Path | None,
     typer.Option(

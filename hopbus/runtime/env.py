@@ -20,9 +20,11 @@ CHECKPOINT_DIR = "HOPBUS_CHECKPOINT_DIR"  # the built-in models' checkpoint fold
 RESUME_FROM = "HOPBUS_RESUME_FROM"  # resume in this iteration from its checkpoint
 REJOIN = "HOPBUS_REJOIN"  # a replacement for dead worker ID
 TENSORBOARD = "HOPBUS_TENSORBOARD"  # the run's TensorBoard folder (worker-I/ under it)
+MODEL = "HOPBUS_MODEL"  # the run's --model MODULE:FUNCTION this node may run (own_code.py)
+DATA = "HOPBUS_DATA"  # the run's --data MODULE:FUNCTION this node may run
 
 WORKER_VARS = (RUN, REDIS, ID, BIND, ADVERTISE, TIMEOUT, CURVE, DEVICE, CHECKPOINT_DIR,
-               RESUME_FROM, REJOIN, TENSORBOARD)  # fmt: skip
+               RESUME_FROM, REJOIN, TENSORBOARD, MODEL, DATA)  # fmt: skip
 """What a launcher sets for its workers (and clears from its own environment first)."""
 
 

@@ -11,6 +11,7 @@ from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RejoinFailed
 from hopbus.modes import Family
 from hopbus.runtime.node import Node, read_run_config, redis_failures
+from hopbus.runtime.own_code import require_given
 
 
 def check_trainer(cfg: Any, run: str, *, script: bool) -> None:
@@ -53,6 +54,7 @@ def worker_for(
         client = connect(redis_url, timeout=timeout)
         cfg, topo = read_run_config(client, keys, timeout)
         check_trainer(cfg, run, script=script)
+        require_given(cfg, "worker" if worker is None else f"worker {worker}", run)
         if worker is None:
             worker = join_worker(client, keys, topo.n, redis_url)
     cls: type[Node] = {

@@ -58,6 +58,7 @@ from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
+from hopbus.runtime.own_code import given_env
 from hopbus.runtime.progress import (
     Entry,
     Replay,
@@ -365,6 +366,7 @@ class Launcher:
             env[envvars.CHECKPOINT_DIR] = str((self.out / CHECKPOINTS).resolve())
         if self.resume_from is not None:
             env[envvars.RESUME_FROM] = str(self.resume_from)
+        env.update(given_env(self.cfg))  # the user's code it names: theirs to run (own_code)
         n = self.topo.n
         if self.cfg.mode.family is Family.PS:  # node N: the parameter server
             self._start(

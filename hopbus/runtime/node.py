@@ -34,6 +34,7 @@ from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
+from hopbus.runtime.own_code import require_given
 from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
 from hopbus.transport.inbox import link_hold
@@ -168,6 +169,7 @@ class Node:
             cfg = make_config({**cfg.model_dump(), "device": self._device_flag}, cls=TrainConfig)
             assert isinstance(cfg, TrainConfig)
         self.cfg, self.topo = cfg, topo
+        require_given(cfg, self.who, self.keys.run)  # before it takes a place, or imports
         self._place()
         self._load_curve()
         self.faults = Faults.for_worker(self.node)

@@ -4,7 +4,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
-``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``.
+``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``.
 """
 
 from __future__ import annotations
@@ -301,7 +301,8 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
         "    return LogReg(n_features)\n"
     )
     run = f"elsewhere{os.getpid()}"
-    env = clean_env(HOPBUS_REDIS=redis_url)
+    # the workers are given the run's code (as hopbus train, launch and compose give it)
+    env = clean_env(HOPBUS_REDIS=redis_url, HOPBUS_MODEL="models.py:build")
 
     def in_folder(folder: Path, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(hopbus_args(*args), cwd=folder, env=env, capture_output=True,
@@ -346,6 +347,49 @@ def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, 
         w.communicate(timeout=120)
     _, said = watch.communicate(timeout=120)
     assert watch.returncode == 0 and all(w.returncode == 0 for w in real), said
+
+
+def test_code_named_only_in_redis_is_never_run(redis_url, redis_client, tmp_path):
+    """Fault ``code_named_in_redis``: whoever has the broker's password rewrites a run's
+    config to name code on the workers' host (a file another user left, or a function such
+    as os:abort). A node imports a user's function only when its own command line (or
+    environment) names the same spec: otherwise one line, exit 2, nothing written into the
+    run and the code not imported."""
+    evil = tmp_path / "evil.py"
+    marker = tmp_path / "RAN"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('ran')\n\ndef build():\n    return 1\n")
+    run = f"redis-code{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--redis", redis_url)
+    assert created.returncode == 0, created.stderr
+    keys = RunKeys(run)
+    cfg = json.loads(redis_client.hget(keys.meta, "config"))
+    env = clean_env(HOPBUS_REDIS=redis_url)
+
+    def join(*flags: str, **more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(hopbus_args("worker", "--run", run, *flags), capture_output=True,
+                              text=True, env={**env, **more}, timeout=60, check=False)  # fmt: skip
+
+    for field, spec in (("model", f"{evil}:build"), ("data", "os:abort")):
+        redis_client.hset(keys.meta, "config", json.dumps({**cfg, field: spec}))
+        for flags in ([], ["--id", "0"]):
+            p = join(*flags)
+            assert p.returncode == 2, p.stderr
+            (line,) = error_lines(p.stderr)
+            assert f"run {run} has --{field} {spec!r}, your code, which this process was not " in (
+                line
+            )
+            assert f"start it with --{field} {spec} (or HOPBUS_{field.upper()})" in line
+    redis_client.hset(keys.meta, "config", json.dumps({**cfg, "model": f"{evil}:build"}))
+    p = join("--id", "0", HOPBUS_MODEL="mine:build")  # given other code than the run names
+    (line,) = error_lines(p.stderr)
+    assert p.returncode == 2 and "not the 'mine:build' this process was given" in line, line
+    # the parameter server's process obeys the same rule
+    p = subprocess.run(hopbus_args("ps", "--run", run), capture_output=True, text=True, env=env,
+                       timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 2 and "which this process was not given" in p.stderr, p.stderr
+    assert not marker.exists()
+    assert redis_client.get(keys.joined) is None and not redis_client.exists(keys.events)
+    assert not redis_client.exists(keys.addr)
 
 
 def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, tmp_path):

@@ -1,0 +1,66 @@
+"""Which of a user's code a node may run: only what its own command line names.
+
+A run's ``--model`` and ``--data`` may name a user's function (``MODULE:FUNCTION`` or
+``FILE.py:FUNCTION``), which every worker imports and calls. The run's config is read from
+Redis, and whoever holds the broker's password could rewrite it to name any module or file on
+the worker's host (``os:abort``, a ``.py`` another user left in /tmp), to run as the worker's
+user. So a node imports a user's function only when it was given the same spec itself:
+``hopbus worker --model SPEC --data SPEC`` (``HOPBUS_MODEL``, ``HOPBUS_DATA``), which
+``hopbus train`` and ``launch`` set for the processes they start and the compose files set
+from ``.env``. Built-in models and data files are no code, and need nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hopbus.config import TrainConfig
+from hopbus.errors import ConfigError
+from hopbus.models.custom import is_callable_spec
+from hopbus.runtime import env
+
+GIVEN = {"model": env.MODEL, "data": env.DATA}
+"""Each setting that may name code, and the variable a node is given it in."""
+
+
+def give(model: str | None, data: str | None) -> None:
+    """What this process's command line named (``--model``, ``--data``), for
+    ``require_given`` and for any process it starts."""
+    for var, spec in ((env.MODEL, model), (env.DATA, data)):
+        if spec is not None:
+            os.environ[var] = spec
+
+
+def given_env(cfg: TrainConfig) -> dict[str, str]:
+    """The variables for the processes a launcher starts for ``cfg``, which the user named on
+    the launcher's own command line (or config file)."""
+    out = {}
+    for field, var in GIVEN.items():
+        spec = str(getattr(cfg, field))
+        if is_callable_spec(spec):
+            out[var] = spec
+    return out
+
+
+def require_given(cfg: TrainConfig, who: str, run: str) -> None:
+    """Refuse a run whose config names code this process was not given (ConfigError, before
+    it joins, so that it writes nothing into the run)."""
+    for field, var in GIVEN.items():
+        spec = str(getattr(cfg, field)).strip()
+        if not is_callable_spec(spec):
+            continue
+        mine = (os.environ.get(var) or "").strip()
+        flag = f"--{field}"
+        if mine == spec:
+            continue
+        if mine:
+            raise ConfigError(
+                f"{who}: run {run} has {flag} {spec!r}, not the {mine!r} this process was given "
+                f"({flag} or {var}): give it the run's"
+            )
+        raise ConfigError(
+            f"{who}: run {run} has {flag} {spec!r}, your code, which this process was not "
+            f"given: start it with {flag} {spec} (or {var}) to run that code here. A worker "
+            "imports only code its own command line names, never code that only the run's "
+            "config in Redis names (docs/security.md)"
+        )
