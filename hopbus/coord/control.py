@@ -31,20 +31,35 @@ EVENTS_MAXLEN = 10_000
 # has taken W's id since (the incarnation hash holds a newer number than ``mine``; no entry is
 # the process started with the run), or if W is in the dead set, unless it is a replacement
 # still joining (``joiner``: in the dead set until its commit, and in the joining set).
-_OUTDATED = """
+# The one reading of W's entry in the incarnation hash: its number, or 0 (the process that
+# started with the run) where there is none or it is no count a replacement wrote (forged or
+# garbled: left out, as coord/read.py's ``incarnation`` leaves it out).
+_INCARNATION = """
+local function incarnation(inckey, w)
+  local raw = redis.call('HGET', inckey, w)
+  if raw and #raw <= DIGITS and string.match(raw, '^%d+$') then return tonumber(raw) end
+  return 0
+end
+""".replace("DIGITS", str(read.INCARNATION_DIGITS))
+
+_OUTDATED = (
+    _INCARNATION
+    + """
 local function outdated(inckey, deadkey, joinkey, w, mine, joiner)
-  local inc = redis.call('HGET', inckey, w)
-  if inc and inc ~= mine then return true end
+  if incarnation(inckey, w) > tonumber(mine) then return true end
   if redis.call('SISMEMBER', deadkey, w) == 0 then return false end
   return not (joiner and redis.call('SISMEMBER', joinkey, w) == 1)
 end
 """
+)
 
 # The one rule for "has worker W finished?", for the scripts that must not act on a forged or
 # stale report: its heartbeat holds the finished marker (written with the report, in _FINISH),
 # its result parses, says the run's last iteration, which its counter holds, and comes from its
 # current incarnation (hopbus/coord/read.py states the same rule for readers).
-_FINISHED = """
+_FINISHED = (
+    _INCARNATION
+    + """
 local function finished(hbkey, resultkey, inckey, iterkey, w, total)
   if redis.call('GET', hbkey) ~= 'FINISHED_MARK' then return false end
   local raw = redis.call('HGET', resultkey, w)
@@ -54,10 +69,10 @@ local function finished(hbkey, resultkey, inckey, iterkey, w, total)
   local its = tonumber(res['iterations'])
   if its == nil or its ~= tonumber(total) then return false end
   if tonumber(redis.call('GET', iterkey) or '-1') ~= its then return false end
-  local inc = tonumber(redis.call('HGET', inckey, w) or '0')
-  return tonumber(res['incarnation'] or 0) == inc
+  return tonumber(res['incarnation'] or 0) == incarnation(inckey, w)
 end
 """.replace("FINISHED_MARK", FINISHED)
+)
 
 # Enter an iteration in one round trip, or say which token queue is short.
 # KEYS: 1 iter, 2 progress, 3 own floor, then nt queues to take from, np queues to put into,
@@ -183,9 +198,12 @@ return 1
 # ARGV: 1 worker, 2 iteration, 3 heartbeat ttl ms, 4 endpoint, 5 config JSON, 6 time,
 #       7 events maxlen, 8 its incarnation, 9 progress maxlen, 10 the broker's run id, then the
 #       workers it knows dead
-_RESTORE = """
-local inc = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or '0')
-if inc > tonumber(ARGV[8]) then return redis.error_reply('HOPBUSDEAD ' .. KEYS[1]) end
+_RESTORE = (
+    _INCARNATION
+    + """
+if incarnation(KEYS[7], ARGV[1]) > tonumber(ARGV[8]) then
+  return redis.error_reply('HOPBUSDEAD ' .. KEYS[1])
+end
 if ARGV[8] ~= '0' then  -- a replacement: back, and alive whatever a survivor put back
   redis.call('HSET', KEYS[7], ARGV[1], ARGV[8])
   redis.call('SREM', KEYS[5], ARGV[1])
@@ -205,6 +223,7 @@ redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'restore', 'wor
   'iter', ARGV[2], 't', ARGV[6])
 return 1
 """
+)
 
 # Rebuild TokenQ(j->i) from the invariant: max_ig + Iter(j) - Iter(i) tokens (none if negative).
 # KEYS: 1 iter:j, 2 iter:i, 3 the queue, 4 the broker marks; ARGV: 1 max_ig, 2 j, 3 i, 4 the
@@ -276,7 +295,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 'another replacement is joinin
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[1])
-local inc = redis.call('HINCRBY', KEYS[8], ARGV[1], 1)
+local inc = incarnation(KEYS[8], ARGV[1]) + 1
+redis.call('HSET', KEYS[8], ARGV[1], inc)
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'kind', 'rejoining', 'worker',
   ARGV[1], 't', ARGV[4], 'endpoint', ARGV[2], 'incarnation', inc)
 return inc

@@ -19,6 +19,7 @@ from typing import Any
 from hopbus.coord.keys import FINISHED
 
 MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
+INCARNATION_DIGITS = 15  # a replacement's number, as the Lua scripts read it too (exact there)
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -69,6 +70,13 @@ def integer(value: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
         return None
     n = int(s)
     return n if lo <= n <= hi else None
+
+
+def incarnation_of(value: Any) -> int:
+    """A worker's entry in the incarnation hash: the replacement's number, or 0 (the process
+    that started with the run) for none, or for one no replacement wrote (forged, garbled):
+    the rule coord/control.py's scripts follow (``_INCARNATION``)."""
+    return integer(value, 0, 10**INCARNATION_DIGITS - 1) or 0
 
 
 def number(value: Any) -> float | None:
@@ -155,7 +163,7 @@ def result(
     done = integer(obj.get("iterations"))
     if done is None or done != iterations or integer(counter) != done:
         return None
-    if integer(obj.get("incarnation", 0)) != (integer(incarnation) or 0):
+    if integer(obj.get("incarnation", 0)) != incarnation_of(incarnation):
         return None
     for key, value in obj.items():  # what a worker writes: numbers, but for two fields
         if key == "device":

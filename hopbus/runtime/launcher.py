@@ -728,11 +728,10 @@ class Launcher:
         pipe.smembers(self.keys.dead).hgetall(self.keys.incarnation)
         members, incarnations = pipe.execute()
         pairs = (
-            (read.integer(k, 0, self.topo.n - 1), read.integer(v)) for k, v in incarnations.items()
+            (read.integer(k, 0, self.topo.n - 1), read.incarnation_of(v))
+            for k, v in incarnations.items()
         )
-        return read.ids(members, self.topo.n), {
-            i: n for i, n in pairs if i is not None and n is not None
-        }
+        return read.ids(members, self.topo.n), {i: n for i, n in pairs if i is not None and n}
 
     def _follow(self, metrics: TextIO) -> Outcome:
         cursor = "0-0"

@@ -4,7 +4,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``diverging_lr``, ``nan_in_svmlight``, ``nan_in_checkpoint``, ``forged_progress``,
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
-``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``.
+``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
+``garbled_incarnation``.
 """
 
 from __future__ import annotations
@@ -224,6 +225,22 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     assert watch.returncode == 0, w_err
     w = json.loads(w_out)
     assert w["finished"] and w["iterations"]["min"] == 900 and w["violations"] == 0
+
+
+def test_garbled_incarnations_evict_no_live_worker(redis_url, redis_client, tmp_path):
+    """Fault ``garbled_incarnation``: entries in the incarnation hash that no replacement
+    wrote (not a number, negative, beyond any count) for live workers of a backup run. A
+    worker is outdated only by a replacement's number above its own: these are left out, the
+    workers beat on and finish, and their reports count."""
+    flags = ["-n", "4", "--mode", "backup", "--iterations", "300", "--iter-time", "0.01"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags, "--heartbeat", "2")
+    wait_iteration(redis_client, keys, 0, 50)
+    redis_client.hset(keys.incarnation, mapping={"1": "abc", "2": "-1", "3": "9" * 20})
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["lost_workers"] == [], s["lost_workers"]
+    assert s["iterations"]["min"] == 300 and s["refused"]["final_reports"] == 0
 
 
 def test_a_forged_report_does_not_keep_a_dead_worker_alive(redis_url, redis_client, tmp_path):
