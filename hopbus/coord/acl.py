@@ -62,16 +62,22 @@ def delete_user(client: redis.Redis, keys: RunKeys) -> bool:
         return False
 
 
-def write_secret(path: Path, text: str) -> None:
-    """Write ``text`` to a new file only its owner may read (refusing to overwrite one)."""
+def open_secret(path: Path) -> int:
+    """A new file only its owner may read, opened for the run's URL (refusing to overwrite
+    one): made before anything is recorded in Redis, so that a path that cannot be written
+    is refused with nothing to undo."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         raise ConfigError(f"--acl {str(path)!r} already exists: choose a new file") from None
     except OSError as exc:
         raise ConfigError(f"--acl {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def write_secret(fd: int, text: str) -> None:
+    """The run's URL into the file ``open_secret`` made, which it closes."""
     with os.fdopen(fd, "w") as fh:
         fh.write(text + "\n")
 
 
-__all__ = ["COMMANDS", "create_user", "delete_user", "user_of", "write_secret"]
+__all__ = ["COMMANDS", "create_user", "delete_user", "open_secret", "user_of", "write_secret"]

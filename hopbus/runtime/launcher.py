@@ -1349,17 +1349,28 @@ def record(
     cfg, _, _ = _checked(cfg, curve)
     check_url(redis_url)
     keys = RunKeys(run if run is not None else new_run_id(cfg))
-    if acl is not None and acl.exists():
-        raise ConfigError(f"--acl {str(acl)!r} already exists: choose a new file")
     client = connect(redis_url, timeout=min(10.0, cfg.timeout))
+    from hopbus.coord.acl import create_user, delete_user, open_secret, write_secret
+
+    secret = open_secret(acl) if acl is not None else None  # a bad path: nothing to undo
+    made = False
     try:
         create_run(client, keys, cfg.public(), __version__, redis_url)
-        if acl is not None:
-            from hopbus.coord.acl import create_user, write_secret
-
-            write_secret(acl, create_user(client, keys, redis_url))
+        made = True
+        if secret is not None:
+            write_secret(secret, create_user(client, keys, redis_url))
+            secret = None
     except redis.RedisError as exc:
         raise RunFailure(f"run {keys.run}: Redis at {redact(redis_url)} refused: {exc}") from None
+    finally:
+        if secret is not None:  # the run's user was not made: no half-made run is left
+            os.close(secret)
+            with contextlib.suppress(OSError):
+                os.unlink(acl)  # type: ignore[arg-type]
+            if made:
+                with contextlib.suppress(redis.RedisError):
+                    delete_user(client, keys)
+                    clean_run(client, keys)
     return keys.run
 
 

@@ -556,6 +556,13 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         admin.set("hop:{other}:meta", "x")
         run = f"own{os.getpid()}"
         secret = tmp_path / "run.url"
+        # a file that cannot be written is refused before anything is made in Redis, and the
+        # same command with a good file then works
+        bad = hopbus("create", "--run", run, "-n", "2", "--acl", str(tmp_path / "no" / "f"),
+                     "--redis", server.url)  # fmt: skip
+        assert bad.returncode == 2 and "--acl" in bad.stderr, bad.stderr
+        assert not admin.exists(RunKeys(run).meta)
+        assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None
         p = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
                    "50", "--acl", str(secret), "--redis", server.url)  # fmt: skip
         assert p.returncode == 0, p.stderr
