@@ -1176,6 +1176,7 @@ def _holding(out: Path) -> Iterator[None]:
     first's. An flock on ``out/LOCK``, which holds the pid for the refusal's line: it goes
     with the process however that ends (kill -9 too), and the file with a process that ends
     normally. On a file system without locks the run goes on unguarded."""
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -1211,6 +1212,9 @@ def _holding(out: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # before letting go: nobody can lock a file that is gone
         os.close(fd)
+        if made:  # a run refused before it wrote anything (its id taken) leaves no folder
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty
 
 
 def _lock(out: Path, path: Path) -> int:

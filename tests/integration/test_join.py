@@ -49,6 +49,14 @@ def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
         capture_output=True, text=True, env=_env(), timeout=60, check=False,
     )  # fmt: skip
     assert again.returncode == 2 and "already exists" in again.stderr
+    # train refused the same way leaves no results folder behind (it wrote nothing there)
+    out = tmp_path / "refused"
+    again = subprocess.run(
+        _hopbus("train", "--run", run, "--redis", url, "--out", str(out)),
+        capture_output=True, text=True, env=_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert not out.exists()
 
     worker = ["worker", "--run", run, "--redis", url, "--bind", "tcp://0.0.0.0:0"]
     worker += ["--advertise", "auto"]
