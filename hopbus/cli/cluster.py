@@ -75,6 +75,18 @@ OutDir = Annotated[
     ),
 ]
 
+WatchOut = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Results folder: config.toml, metrics.jsonl, summary.json (the workers' logs stay "
+        "where they run). [default: runs/RUN]",
+        show_default=False,
+        rich_help_panel=o.PANEL_CLUSTER,
+    ),
+]
+
 
 Resume = Annotated[
     str | None,
@@ -332,7 +344,7 @@ app.command("launch")(launch_cmd)
 def watch_cmd(
     run: Annotated[str, typer.Option("--run", "-r", envvar="HOPBUS_RUN", help="Run id to follow.")],
     redis: o.RedisUrl = None,
-    out: OutDir = None,
+    out: WatchOut = None,
     as_json: o.Json = False,
 ) -> None:
     """Follow a run whose workers were started elsewhere (docker compose, other hosts) to its
