@@ -94,8 +94,8 @@ def top_cmd(
     """Watch a run live, from Redis alone (a run of hopbus train, of compose, or one that ended).
 
     Without --run, the only run in that Redis; with several, they are listed and the exit
-    status is 2. Ctrl-C quits. On a non-terminal without --once a frame is printed every
-    --interval until the run ends.
+    status is 2. Ctrl-C quits (exit status 130, as every hopbus command). On a non-terminal
+    without --once a frame is printed every --interval until the run ends.
 
     Header: run id (status), mode, topology, workers, iterations per worker, elapsed time,
     and the largest iteration gap between neighbours now against its Table 1 bound.
@@ -129,21 +129,19 @@ def top_cmd(
 
 
 def _show(reader: Any, frame: Any, *, once: bool, interval: float) -> None:
-    """Print frames until --once, the run's end (plain output) or Ctrl-C (live view)."""
+    """Print frames until --once, the run's end (plain output) or Ctrl-C (live view: its
+    KeyboardInterrupt ends the command as interrupted, 130)."""
     console = Console()
-    try:
-        if once or not console.is_terminal:
-            plain = Console(width=max(console.width, PLAIN_WIDTH), no_color=True, highlight=False)
-            while True:
-                plain.print(view(frame))
-                sys.stdout.flush()
-                if once or frame.status in ENDED:
-                    return
-                time.sleep(interval)  # the refresh period
-                frame = reader.frame()
-        with Live(view(frame), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)  # the refresh period
-                live.update(view(reader.frame()), refresh=True)
-    except KeyboardInterrupt:
-        return
+    if once or not console.is_terminal:
+        plain = Console(width=max(console.width, PLAIN_WIDTH), no_color=True, highlight=False)
+        while True:
+            plain.print(view(frame))
+            sys.stdout.flush()
+            if once or frame.status in ENDED:
+                return
+            time.sleep(interval)  # the refresh period
+            frame = reader.frame()
+    with Live(view(frame), console=console, auto_refresh=False) as live:
+        while True:
+            time.sleep(interval)  # the refresh period
+            live.update(view(reader.frame()), refresh=True)
