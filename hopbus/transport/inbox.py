@@ -25,6 +25,7 @@ completes a handshake and none of its frames is ever received. Such refusals are
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import itertools
 import threading
@@ -96,6 +97,15 @@ def hwm_for(outstanding: int, *, acks: bool = False, slack: int = 2) -> int:
     return (outstanding + slack) * (2 if acks else 1)
 
 
+def _check_port(bind: str) -> None:
+    """A TCP port beyond 65535, which libzmq would take modulo 65536 and bind elsewhere
+    without a word (tcp://0.0.0.0:99999 bound port 34463), raised as a bind error."""
+    if bind.startswith("tcp://"):
+        port = bind.rsplit(":", 1)[-1]
+        if port.isdigit() and int(port) > 65535:
+            raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
+
+
 class Inbox:
     """Binds a PULL socket at ``bind`` now; ``start()`` begins delivering to ``on_message``.
 
@@ -161,6 +171,7 @@ class Inbox:
         # a receive from an empty socket raises (3x the poll's CPU)
         self._waiting = [(sock, _POLLIN)]
         try:
+            _check_port(bind)
             if curve is not None:
                 self._serve_curve(curve)
             sock.bind(bind)

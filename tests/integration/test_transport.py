@@ -358,6 +358,13 @@ def test_binding_a_taken_port_is_a_one_line_transport_error(ctx):
             Inbox(ctx, f"tcp://127.0.0.1:{port}", v, Collector(), hwm=4)
 
 
+def test_a_port_beyond_65535_is_refused_not_wrapped(ctx):
+    """libzmq would bind 99999 modulo 65536 (34463) without a word."""
+    v = Validator(RUN, N, [], [], LAYOUT, 10)
+    with pytest.raises(TransportError, match="no such TCP port"):
+        Inbox(ctx, "tcp://127.0.0.1:99999", v, Collector(), hwm=4)
+
+
 def test_a_send_blocked_past_its_timeout_names_the_peer(ctx):
     with socket.socket() as s:  # a port with nobody behind it
         s.bind(("127.0.0.1", 0))
