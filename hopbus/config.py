@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ MAX_BOUND = 1000
 and Redis holds up to that many tokens per queue, pushed in one atomic step. Workers 1000
 iterations apart are not bound by anything in practice (the paper uses 5 to 20)."""
 MAX_SECONDS = 1e6  # a simulated Compute or message of more than 11 days is a typo
+
+
+def _takes_bool(field: Any) -> bool:
+    annotation = field.annotation
+    return annotation is bool or bool in typing.get_args(annotation)
+
+
+def _kind(field: Any) -> str:
+    args = typing.get_args(field.annotation) or (field.annotation,)
+    return "number" if any(a in (int, float) for a in args) else "value of its kind"
 
 
 class RunConfig(BaseModel):
@@ -161,6 +172,17 @@ class RunConfig(BaseModel):
     @classmethod
     def _message_size(cls, v: Any) -> Any:
         return None if v is None else heterogeneity.parse_size(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, values: Any) -> Any:
+        """``iterations = true`` in a config file is no count (pydantic would take it as 1)."""
+        if isinstance(values, dict):
+            for name, value in values.items():
+                field = cls.model_fields.get(name)
+                if isinstance(value, bool) and field is not None and not _takes_bool(field):
+                    raise ValueError(f"{name}: expected a {_kind(field)}, got {str(value).lower()}")
+        return values
 
     @model_validator(mode="before")
     @classmethod

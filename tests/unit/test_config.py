@@ -29,6 +29,9 @@ def test_defaults_and_topology_fills_in_workers():
         # millions of tokens into the broker: refused, not a hang
         ({"staleness": 10**10, "mode": "staleness"}, "--staleness: input should be less"),
         ({"max_ig": 10**8}, "--max-ig: input should be less"),
+        # a config file's boolean is no count (pydantic alone takes true as 1)
+        ({"iterations": True}, "iterations: expected a number, got true"),
+        ({"max_ig": False}, "max_ig: expected a number, got false"),
     ],
 )
 def test_bad_values_name_the_flag(values, match):
