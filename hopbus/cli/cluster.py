@@ -637,7 +637,12 @@ def clean_cmd(
     ],
     redis: o.RedisUrl = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Also delete a run that is still running.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Also delete a run that is still running: it is stopped first (its workers "
+            "exit 1, saying so), then its keys go once their heartbeats have lapsed.",
+        ),
     ] = False,
 ) -> None:
     """Delete every Redis key of a run that no process runs any more (hop:{RUN}:*): finished,
@@ -655,6 +660,24 @@ def clean_cmd(
             f"run {run} is {status} (a node's heartbeat is alive): stop it first, or pass "
             "--force to delete its keys under its workers"
         )
+    if status == "running":  # --force: stopped first, or its workers would put it back
+        from hopbus.coord import read
+        from hopbus.coord.runs import stop_for_removal
+
+        cfg = read.json_object(client.hget(keys.meta, "config")) or {}
+        beat = read.number(cfg.get("heartbeat"))  # as recorded: forged, NaN, huge...
+        patience = (min(beat, 120.0) if beat is not None and 0 < beat < 1e9 else 10.0) + 1.0
+        print(
+            f"hopbus: stopping run {run} first; waiting up to {patience:g} s for its nodes' "
+            "heartbeats to lapse",
+            file=sys.stderr,
+        )
+        if left := stop_for_removal(client, keys, patience):
+            print(
+                f"hopbus: warning: {left} node(s) of run {run} still beat; their keys may come "
+                "back",
+                file=sys.stderr,
+            )
     n = clean_run(client, keys)
     from hopbus.coord.acl import delete_user, user_of
 

@@ -183,6 +183,29 @@ def list_runs(client: redis.Redis) -> list[str]:
     return sorted(r for r in runs if r and RUN_ID.fullmatch(r))
 
 
+def stop_for_removal(client: redis.Redis, keys: RunKeys, patience_s: float) -> int:
+    """Stop a running run before its keys are removed (``hopbus clean --force``): removed
+    under live workers, its keys would come back, put back by workers that take an empty
+    Redis for a restarted one. Sets the stop key, then waits up to ``patience_s`` for every
+    heartbeat to lapse (a node sees the stop within a third of its heartbeat and exits; its
+    key then expires); returns how many still beat after that."""
+    from hopbus.coord import read
+    from hopbus.coord.control import RunControl
+
+    RunControl(client, keys, -1).stop_run("its keys were removed by hopbus clean --force")
+    deadline = time.monotonic() + patience_s
+    while True:
+        names = list(client.scan_iter(match=f"{keys.hb_prefix}*", count=1000))
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.get(name).pttl(name)
+        got = pipe.execute() if names else []
+        beating = sum(read.beating(v, t) for v, t in zip(got[::2], got[1::2], strict=True))
+        if not beating or time.monotonic() >= deadline:
+            return beating
+        time.sleep(0.2)  # polling for heartbeats to lapse: their processes are elsewhere
+
+
 def clean_run(client: redis.Redis, keys: RunKeys) -> int:
     """Delete every key of the run; returns how many there were."""
     deleted = 0

@@ -5,7 +5,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
-``garbled_incarnation``.
+``garbled_incarnation``, ``clean_under_workers``.
 """
 
 from __future__ import annotations
@@ -241,6 +241,25 @@ def test_garbled_incarnations_evict_no_live_worker(redis_url, redis_client, tmp_
     s = json.loads(out)
     assert s["finished"] and s["lost_workers"] == [], s["lost_workers"]
     assert s["iterations"]["min"] == 300 and s["refused"]["final_reports"] == 0
+
+
+def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
+    """Fault ``clean_under_workers``: hopbus clean --force of a run whose workers are alive.
+    Removed under them, its keys came back within seconds (the workers took the empty Redis
+    for a restarted one and put their state back); now the run is stopped first, the
+    workers exit 1 saying why, and once their heartbeats lapse the keys go for good."""
+    run = f"cleanforce{os.getpid()}"
+    workers = _two_workers(redis_url, run, "--iterations", "100000", "--iter-time", "0.01",
+                           "--heartbeat", "2")  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 0, 20)
+    p = hopbus("clean", "--run", run, "--redis", redis_url, "--force")
+    assert p.returncode == 0, p.stderr
+    assert f"stopping run {run} first" in p.stderr and f"of run {run}" in p.stdout
+    for w in workers:
+        _, err = w.communicate(timeout=60)
+        assert w.returncode == 1 and "removed by hopbus clean --force" in err, err
+    assert list(redis_client.scan_iter(match=keys.pattern)) == []
 
 
 def test_a_forged_report_does_not_keep_a_dead_worker_alive(redis_url, redis_client, tmp_path):
