@@ -50,8 +50,8 @@ def _leaving() -> None:
     """From here the interpreter only shuts down (joins threads, flushes): a SIGTERM now,
     such as the launcher's to a worker that is already leaving on its own, would raise
     KeyboardInterrupt inside ``threading._shutdown`` and print a traceback into the log. The
-    exit status is decided: one signal is let pass; a second one (something hangs) ends the
-    process at once, as interrupted."""
+    exit status is decided, so one such signal is let pass; a second (Ctrl-C again, at a
+    process that hangs there) ends it at once, as interrupted."""
     heard: list[int] = []
 
     def _late(signum: int, frame: object) -> None:

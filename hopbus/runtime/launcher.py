@@ -296,7 +296,11 @@ def _why(p: Proc, code: int | None) -> str:
     if code is not None and code < 0:
         return f"{p.name} was killed by {signal.Signals(-code).name}"
     line = _last_line(p.log)
-    return line or f"{p.name} exited with status {code} (see {p.log})"
+    if not line:
+        return f"{p.name} exited with status {code} (see {p.log})"
+    if line.startswith((f"{p.name}:", f"{p.name} ", f"{p.name}'s")):
+        return line
+    return f"{p.name}: {line}"  # a line of hopbus's API in a script, which names no worker
 
 
 class Launcher:
