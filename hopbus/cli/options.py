@@ -266,7 +266,7 @@ _OWN_CODE = (
     "Only when the run's {flag} is your own code (MODULE:FUNCTION or FILE.py:FUNCTION): the "
     "same spec, to let this process import and run it. A node never runs code that only the "
     "run's config in Redis names (whoever has the broker's password could change that); "
-    "hopbus train and launch give it to the processes they start, compose from .env."
+    "hopbus train gives it to the processes it starts, the compose files from .env."
 )
 GivenModel = Annotated[
     str | None,

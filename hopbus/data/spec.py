@@ -26,6 +26,16 @@ def _svmlight_paths(args: str) -> tuple[str, str | None]:
     return path, test_path
 
 
+def is_user_data(spec: str) -> bool:
+    """Whether ``spec`` names a user's function, which ``load_dataset`` imports (a built-in
+    kind with a file or folder, ``svmlight:a9a``, never does)."""
+    from hopbus.models.custom import is_callable_spec
+
+    text = spec.strip()
+    kind = text.partition(":")[0].strip().lower()
+    return kind not in BUILT_IN and is_callable_spec(text)
+
+
 def load_dataset(spec: str, seed: int = 0, keep: Keep = None) -> Dataset:
     """The data set ``spec`` names (``seed`` only shapes generated data, never a test split).
     ``keep`` (worker, workers, seed): the files that allow it (svmlight, CIFAR-10) are made
@@ -54,9 +64,7 @@ def load_dataset(spec: str, seed: int = 0, keep: Keep = None) -> Dataset:
                 "--data-dir DIR"
             )
         return load_cifar10(args, keep=keep)
-    from hopbus.models.custom import is_callable_spec
-
-    if kind not in BUILT_IN and is_callable_spec(text):
+    if is_user_data(text):
         from hopbus.data.user import load_user_data
 
         return load_user_data(text)

@@ -54,7 +54,8 @@ def worker_for(
         client = connect(redis_url, timeout=timeout)
         cfg, topo = read_run_config(client, keys, timeout)
         check_trainer(cfg, run, script=script)
-        require_given(cfg, "worker" if worker is None else f"worker {worker}", run)
+        if not script:  # a script builds its own model: it imports none the run names
+            require_given(cfg, "worker" if worker is None else f"worker {worker}", run)
         if worker is None:
             worker = join_worker(client, keys, topo.n, redis_url)
     cls: type[Node] = {
@@ -68,7 +69,9 @@ def worker_for(
         k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin", "tensorboard") if k in kw
     }
     if cls is Worker:
-        return Worker(run, worker, redis_url, client=client, **own, **kw)
+        node = Worker(run, worker, redis_url, client=client, **own, **kw)
+        node.imports_code = not script
+        return node
     if own.get("resume_from") is not None:
         raise ConfigError(
             f"--resume-from: only the Hop modes write checkpoints; run {run} is --mode {cfg.mode}"

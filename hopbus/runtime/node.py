@@ -111,6 +111,8 @@ class Node:
     # cheaper than a receiver thread's hand-off; False where messages must be answered while
     # the main thread computes (WAGMA's passive members)
     inline_inbox = True
+    # whether it builds the run's --model and --data (runtime/own_code.py); not a script's
+    imports_code = True
 
     def __init__(
         self,
@@ -169,7 +171,8 @@ class Node:
             cfg = make_config({**cfg.model_dump(), "device": self._device_flag}, cls=TrainConfig)
             assert isinstance(cfg, TrainConfig)
         self.cfg, self.topo = cfg, topo
-        require_given(cfg, self.who, self.keys.run)  # before it takes a place, or imports
+        if self.imports_code:  # before it takes a place, or imports
+            require_given(cfg, self.who, self.keys.run)
         self._place()
         self._load_curve()
         self.faults = Faults.for_worker(self.node)

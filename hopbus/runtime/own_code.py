@@ -13,14 +13,20 @@ from ``.env``. Built-in models and data files are no code, and need nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from hopbus.config import TrainConfig
+from hopbus.data.spec import is_user_data
 from hopbus.errors import ConfigError
 from hopbus.models.custom import is_callable_spec
 from hopbus.runtime import env
 
-GIVEN = {"model": env.MODEL, "data": env.DATA}
-"""Each setting that may name code, and the variable a node is given it in."""
+GIVEN: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "model": (env.MODEL, is_callable_spec),
+    "data": (env.DATA, is_user_data),
+}
+"""Each setting that may name code: the variable a node is given it in, and which of its
+values are code (what the model and data loaders import)."""
 
 
 def give(model: str | None, data: str | None) -> None:
@@ -35,9 +41,9 @@ def given_env(cfg: TrainConfig) -> dict[str, str]:
     """The variables for the processes a launcher starts for ``cfg``, which the user named on
     the launcher's own command line (or config file)."""
     out = {}
-    for field, var in GIVEN.items():
+    for field, (var, is_code) in GIVEN.items():
         spec = str(getattr(cfg, field))
-        if is_callable_spec(spec):
+        if is_code(spec):
             out[var] = spec
     return out
 
@@ -45,22 +51,19 @@ def given_env(cfg: TrainConfig) -> dict[str, str]:
 def require_given(cfg: TrainConfig, who: str, run: str) -> None:
     """Refuse a run whose config names code this process was not given (ConfigError, before
     it joins, so that it writes nothing into the run)."""
-    for field, var in GIVEN.items():
+    for field, (var, is_code) in GIVEN.items():
         spec = str(getattr(cfg, field)).strip()
-        if not is_callable_spec(spec):
+        if not is_code(spec):
             continue
         mine = (os.environ.get(var) or "").strip()
-        flag = f"--{field}"
         if mine == spec:
             continue
-        if mine:
-            raise ConfigError(
-                f"{who}: run {run} has {flag} {spec!r}, not the {mine!r} this process was given "
-                f"({flag} or {var}): give it the run's"
-            )
+        flag = f"--{field}"
+        # the spec is quoted, never offered as a command: it may be what someone else wrote
+        got = f"not the {mine!r} this process was given" if mine else "not given to it"
         raise ConfigError(
-            f"{who}: run {run} has {flag} {spec!r}, your code, which this process was not "
-            f"given: start it with {flag} {spec} (or {var}) to run that code here. A worker "
-            "imports only code its own command line names, never code that only the run's "
-            "config in Redis names (docs/security.md)"
+            f"{who}: run {run} has {flag} {spec!r}, code {got}. A worker runs only the code its "
+            f"own {flag} (or {var}) names, never code named by the run's config in Redis "
+            f"alone: if that spec is the one you recorded, give the worker {flag} with it; if "
+            "not, someone changed the run's config (docs/security.md)"
         )
