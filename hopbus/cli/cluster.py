@@ -647,6 +647,8 @@ def clean_cmd(
 ) -> None:
     """Delete every Redis key of a run that no process runs any more (hop:{RUN}:*): finished,
     failed, stopped or abandoned (started, but nothing beats: a killed launcher's)."""
+    from redis import ResponseError
+
     from hopbus.coord.client import connect
     from hopbus.coord.keys import RunKeys
     from hopbus.coord.runs import clean_run, status_of
@@ -654,7 +656,16 @@ def clean_cmd(
 
     client = connect(redis or DEFAULT_URL, timeout=5)
     keys = RunKeys(run)
-    status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
+    try:
+        status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
+    except ResponseError:  # a key of the run of another type (WRONGTYPE): its status unknown
+        if not force:
+            raise ConfigError(
+                f"run {run}'s keys are not all of the types hopbus writes (one was replaced by "
+                "another kind of key), so whether it runs is unknown: pass --force to delete "
+                "them anyway"
+            ) from None
+        status = "unknown"
     if status == "running" and not force:  # "starting": created, and no worker came yet
         raise ConfigError(
             f"run {run} is {status} (a node's heartbeat is alive): stop it first, or pass "

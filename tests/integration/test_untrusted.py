@@ -262,6 +262,25 @@ def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
     assert list(redis_client.scan_iter(match=keys.pattern)) == []
 
 
+def test_a_run_whose_meta_changed_type_is_cleaned_with_force(redis_url, redis_client):
+    """Its status cannot be read (WRONGTYPE): clean says so in one line and takes it with
+    --force, where it failed with Redis's error and left the key."""
+    run = f"wrongtype{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--redis", redis_url).returncode == 0
+    keys = RunKeys(run)
+    redis_client.delete(keys.meta)
+    redis_client.set(keys.meta, "x")
+    p = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert p.returncode == 2 and error_lines(p.stderr) == [
+        f"hopbus: error: run {run}'s keys are not all of the types hopbus writes (one was "
+        "replaced by another kind of key), so whether it runs is unknown: pass --force to "
+        "delete them anyway"
+    ], p.stderr
+    p = hopbus("clean", "--run", run, "--redis", redis_url, "--force")
+    assert p.returncode == 0, p.stderr
+    assert list(redis_client.scan_iter(match=keys.pattern)) == []
+
+
 def test_a_forged_report_does_not_keep_a_dead_worker_alive(redis_url, redis_client, tmp_path):
     """A forged final report for worker 3, then worker 3 killed: in backup mode the others
     declare it dead and go on."""
