@@ -26,14 +26,9 @@ from hopbus.jsonout import dumps
 PROGRESS_MAXLEN = 1_000_000  # entries kept (approximately): a 16-worker run of 60k iterations
 EVENTS_MAXLEN = 10_000
 
-# The one rule for "is this process still worker W?", prepended to every script that needs it
-# (Advance, a heartbeat, the final result, the token wait's look). It is not if a replacement
-# has taken W's id since (the incarnation hash holds a newer number than ``mine``; no entry is
-# the process started with the run), or if W is in the dead set, unless it is a replacement
-# still joining (``joiner``: in the dead set until its commit, and in the joining set).
 # The one reading of W's entry in the incarnation hash: its number, or 0 (the process that
 # started with the run) where there is none or it is no count a replacement wrote (forged or
-# garbled: left out, as coord/read.py's ``incarnation`` leaves it out).
+# garbled: left out, as coord/read.py's ``incarnation_of`` leaves it out).
 _INCARNATION = """
 local function incarnation(inckey, w)
   local raw = redis.call('HGET', inckey, w)
@@ -42,6 +37,11 @@ local function incarnation(inckey, w)
 end
 """.replace("DIGITS", str(read.INCARNATION_DIGITS))
 
+# The one rule for "is this process still worker W?", prepended to every script that needs it
+# (Advance, a heartbeat, the final result, the token wait's look). It is not if a replacement
+# has taken W's id since (the incarnation hash holds a newer number than ``mine``; no entry is
+# the process started with the run), or if W is in the dead set, unless it is a replacement
+# still joining (``joiner``: in the dead set until its commit, and in the joining set).
 _OUTDATED = (
     _INCARNATION
     + """
