@@ -15,12 +15,19 @@ from hopbus.runtime.own_code import require_given
 
 
 def check_trainer(cfg: Any, run: str, *, script: bool) -> None:
-    """A script joins Hop runs only; a run recorded for a script (hopbus launch) is joined by
-    scripts only: one line each, before an id is taken."""
+    """A script joins only Hop runs recorded for a script (hopbus launch, hopbus create
+    --model script), and such a run is joined by scripts only: one line each, before an id
+    is taken."""
     from hopbus.models.custom import SCRIPT, keras_mode_line
 
     if script and not cfg.mode.is_hop:
         raise ConfigError(keras_mode_line(f"run {run}: a script's model", cfg.mode))
+    if script and cfg.model != SCRIPT:  # its --model and --data would be a lie in its results
+        raise ConfigError(
+            f"run {run} trains --model {cfg.model}, not a script's: start its workers without "
+            f"a command (hopbus worker --run {run}), or record a run for your script with "
+            "hopbus create --model script (hopbus launch does)"
+        )
     if not script and cfg.model == SCRIPT:
         raise ConfigError(
             f"run {run} trains a script's model (hopbus launch): start its workers with the "

@@ -332,6 +332,24 @@ def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
     assert len(said) == 1 and "worker 1" in said[0], lone.stderr
 
 
+def test_a_script_is_refused_by_a_run_of_a_built_in_model(redis_url, tmp_path, script):
+    """A run recorded for hopbus's own --model (hopbus create without --model script): its
+    config would not say what trained, so a script's worker is refused before it joins."""
+    run = f"builtin{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--redis", redis_url)
+    assert created.returncode == 0, created.stderr
+    p = subprocess.run(
+        hopbus_args("worker", "--run", run, "--", sys.executable, str(script), "none"),
+        capture_output=True, text=True, env=clean_env(HOPBUS_REDIS=redis_url), cwd=tmp_path,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert p.returncode == 2 and error_lines(p.stderr) == [
+        f"hopbus: error: run {run} trains --model softmax, not a script's: start its workers "
+        f"without a command (hopbus worker --run {run}), or record a run for your script with "
+        "hopbus create --model script (hopbus launch does)"
+    ], p.stderr
+
+
 def test_what_a_script_forks_and_forgets_goes_with_the_run(redis_url, tmp_path, script):
     """Fault ``forked_child``: each copy of the script starts a process it never waits for
     (``sleep``, in the background) and then trains to the end. When hopbus launch is done,
