@@ -268,28 +268,23 @@ _OWN_CODE = (
     "run's config in Redis names (whoever has the broker's password could change that); "
     "hopbus train gives it to the processes it starts, the compose files from .env."
 )
-GivenModel = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        envvar="HOPBUS_MODEL",
+
+
+def _given(flag: str, var: str) -> Any:
+    """The option of ``hopbus worker`` and ``ps`` that names the run's own code they may run
+    (runtime/own_code.py)."""
+    return typer.Option(
+        flag,
+        envvar=var,
         metavar="SPEC",
-        help=_OWN_CODE.format(flag="--model"),
+        help=_OWN_CODE.format(flag=flag),
         show_default=False,
         rich_help_panel=PANEL_CLUSTER,
-    ),
-]
-GivenData = Annotated[
-    str | None,
-    typer.Option(
-        "--data",
-        envvar="HOPBUS_DATA",
-        metavar="SPEC",
-        help=_OWN_CODE.format(flag="--data"),
-        show_default=False,
-        rich_help_panel=PANEL_CLUSTER,
-    ),
-]
+    )
+
+
+GivenModel = Annotated[str | None, _given("--model", "HOPBUS_MODEL")]
+GivenData = Annotated[str | None, _given("--data", "HOPBUS_DATA")]
 CurveNode = Annotated[
     Path | None,
     typer.Option(
