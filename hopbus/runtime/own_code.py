@@ -6,8 +6,9 @@ Redis, and whoever holds the broker's password could rewrite it to name any modu
 the worker's host (``os:abort``, a ``.py`` another user left in /tmp), to run as the worker's
 user. So a node imports a user's function only when it was given the same spec itself:
 ``hopbus worker --model SPEC --data SPEC`` (``HOPBUS_MODEL``, ``HOPBUS_DATA``), which
-``hopbus train`` and ``launch`` set for the processes they start and the compose files set
-from ``.env``. Built-in models and data files are no code, and need nothing.
+``hopbus train`` sets for the processes it starts and the compose files set from ``.env``.
+Built-in models and data sets are no code, and need nothing; nor does a script's worker,
+whose script builds its own model.
 """
 
 from __future__ import annotations
