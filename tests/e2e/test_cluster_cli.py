@@ -100,11 +100,16 @@ def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "r" / ".hopbus.lock").exists()  # the folder's lock went with it
     # fault ``run_id_taken``: refused before any file is written, with the command that
-    # frees the id on this Redis, not the default one; the folder stays usable
+    # frees the id on this Redis, not the default one; no empty folder is left behind, and
+    # one that was there before stays, empty and usable
     again = ["train", "--redis", redis_url, "-n", "4", "--iterations", "30", "--json"]
     p = hopbus(*again, "--run", run, "--out", str(tmp_path / "r2"))
     line = _one_line_error(p, 2)
     assert f"remove it with: hopbus clean --run {run} --redis {redis_url}" in line
+    assert not (tmp_path / "r2").exists()
+    (tmp_path / "r2").mkdir()
+    p = hopbus(*again, "--run", run, "--out", str(tmp_path / "r2"))
+    assert f"hopbus clean --run {run}" in _one_line_error(p, 2)
     assert not [f.name for f in (tmp_path / "r2").iterdir()]
     p = hopbus(*again, "--run", f"{run}-2", "--out", str(tmp_path / "r2"))
     assert p.returncode == 0, p.stderr
