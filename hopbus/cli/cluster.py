@@ -43,18 +43,24 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             f"hopbus: error: Table 1 bound broken {s['violations']} times, first: worker "
             f"{v['ahead']} {v['gap']} ahead of worker {v['behind']} (bound {v['bound']})",
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(3)
     checks = s.get("checks") or {}
     broken = [f"{k} {checks[k]}" for k in INVARIANTS if checks.get(k)]
     dropped = [f"{k} {checks[k]}" for k in WIRE_CHECKS if checks.get(k)]
     if dropped:  # updates the inboxes dropped: a rogue or broken sender can cause these
-        err.print(f"hopbus: warning: dropped on arrival: {', '.join(dropped)}", highlight=False)
+        err.print(
+            f"hopbus: warning: dropped on arrival: {', '.join(dropped)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if broken:
         err.print(
             f"hopbus: error: invariant check failed: {', '.join(broken)} (must be 0; "
             "docs/summary.md)",
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(3)
 
