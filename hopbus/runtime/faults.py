@@ -6,8 +6,10 @@ iteration 10 (as a crash: no cleanup, no message). ``3:crash_joining`` makes a r
 worker 3 (``hopbus worker --rejoin``) die the same way once it has announced itself, before it
 is back in the run. ``3:hang_before_report`` makes worker 3 hang after its last iteration,
 before it publishes its final report (its heartbeat beating on: the gap a forged report would
-use). ``hopbus train`` passes the variable on to its workers. Unknown names are
-refused, so a typo cannot silently test nothing.
+use). ``1:leak_token`` makes worker 1 put one token more than the rules say into its first
+token queue once its iterations are done, as a broken rule (or another writer) would: the
+launcher's token-invariant check then fails the run. ``hopbus train`` passes the variable on
+to its workers. Unknown names are refused, so a typo cannot silently test nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from dataclasses import dataclass
 from hopbus.errors import ConfigError
 
 ENV = "HOPBUS_FAULTS"
-NAMES = ("never_register", "crash_at", "hang_at", "crash_joining", "hang_before_report")
-FLAGS = ("never_register", "crash_joining", "hang_before_report")  # without an iteration
+FLAGS = ("never_register", "crash_joining", "hang_before_report", "leak_token")  # no iteration
+NAMES = (*FLAGS, "crash_at", "hang_at")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Faults:
     never_register: bool = False
     crash_joining: bool = False
     hang_before_report: bool = False
+    leak_token: bool = False
     crash_at: int | None = None
     hang_at: int | None = None
 

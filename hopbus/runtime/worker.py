@@ -34,7 +34,7 @@ import contextlib
 import json
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,6 +110,7 @@ class Worker(Node):
         self._restored_at = 0.0  # when it last put its state back (monotonic)
         self._started = False  # once its counter is in Redis (Start)
         self._newest_from: dict[int, int] = {}  # in-neighbour -> newest iteration it sent
+        self._put_to: tuple[int, ...] = ()  # the workers that take this one's tokens (Start)
 
     def run_loop(self) -> dict[str, Any]:
         """Train the run's own model (``--model``) to the end: the same path as any user's
@@ -325,11 +326,17 @@ class Worker(Node):
 
     def start(self, put_to: Sequence[int], count: int, at: int) -> None:
         """Start in iteration ``at`` (a replacement's commit_rejoin did it already)."""
+        self._put_to = tuple(put_to)
         if not self.rejoin:
             self.control.start(put_to, count, at=at)
             self.control.event("start", endpoint=self.endpoint)
         self.iteration = at
         self._started = True
+
+    def publish_result(self, result: Mapping[str, Any], **event: Any) -> None:
+        if self.faults.leak_token and self._put_to:  # HOPBUS_FAULTS: a broken token rule
+            self.tokens.put(self.worker, self._put_to[0])
+        super().publish_result(result, **event)
 
     def send_update(self, eff: Send, params: Params) -> None:
         """Send this iteration's parameters to the live targets. A replacement still joining

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster import clean_env, hopbus, processes_mentioning, train_args, wait_iteration
+from cluster import clean_env, hopbus, processes_mentioning, train, train_args, wait_iteration
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.progress import parse_entry
@@ -165,3 +165,23 @@ def test_without_a_launcher_the_heartbeats_tell(redis_url, redis_client, mode):
             assert f"worker {VICTIM}" in last and "heartbeat" in last, last
         assert redis_client.get(keys.stop).decode() == f"worker {VICTIM} died (heartbeat gone)"
     assert not processes_mentioning(run)
+
+
+def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_path):
+    """HOPBUS_FAULTS leak_token: worker 1 puts one token too many into a queue as it ends. The
+    run's iterations all complete, but Theorem 2's invariant no longer holds at the end: the
+    summary counts it, the line names it, and the run fails with exit 3 (not 0)."""
+    import json
+
+    env = clean_env(HOPBUS_FAULTS="1:leak_token")
+    p, s = train(
+        redis_url, tmp_path / "run", "-n", "3", "--topology", "complete", "--iterations", "20",
+        env=env,
+    )  # fmt: skip
+    assert p.returncode == 3, p.stderr
+    assert s is not None and s["finished"] and s["violations"] == 0
+    assert s["checks"]["token_invariant_violations"] == 1
+    assert "invariant check failed: token_invariant_violations 1" in p.stderr.splitlines()[-1]
+    assert "Traceback" not in p.stderr
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["checks"]["token_invariant_violations"] == 1
