@@ -61,7 +61,7 @@ def _base() -> dict[str, str] | str:
     )
 
 
-def _unavailable(why: str) -> None:
+def unavailable(why: str) -> None:
     if os.environ.get("HOPBUS_REQUIRE_DOCKER") == "1":
         pytest.fail(f"HOPBUS_REQUIRE_DOCKER=1 but {why}")
     pytest.skip(why)
@@ -72,10 +72,10 @@ def stack_settings() -> dict[str, str]:
     stack can run."""
     why = _problem()
     if why is not None:
-        _unavailable(why)
+        unavailable(why)
     base = _base()
     if isinstance(base, str):
-        _unavailable(base)
+        unavailable(base)
     return dict(base)  # type: ignore[arg-type]
 
 
