@@ -107,6 +107,7 @@ def test_a_keras_script_in_backup_mode_learns_as_well_as_alone(redis_url, tmp_pa
     "flags",
     [
         ["--mode", "standard"],
+        ["--mode", "notify-ack"],
         ["--mode", "staleness", "--staleness", "3"],
         ["--mode", "hybrid", "--staleness", "3"],
         [
@@ -122,7 +123,7 @@ def test_a_keras_script_in_backup_mode_learns_as_well_as_alone(redis_url, tmp_pa
             "0.01",
         ],
     ],
-    ids=["standard", "staleness", "hybrid", "skipping"],
+    ids=["standard", "notify-ack", "staleness", "hybrid", "skipping"],
 )
 def test_the_keras_script_in_every_hop_mode(redis_url, tmp_path, flags):
     run = f"k{os.getpid()}-{flags[1]}-{len(flags)}"
@@ -144,3 +145,15 @@ def test_a_keras_model_from_the_command_line(redis_url, tmp_path):
     assert p.returncode == 0, p.stderr
     assert s["finished"] and s["violations"] == 0 and s["final_accuracy"] >= 0.8
     assert s["consensus_distance"] < 0.1
+
+
+def test_a_keras_model_is_refused_by_the_modes_that_move_other_bytes(redis_url, tmp_path):
+    """A parameter server pushes gradients, not parameters: one line, before any worker."""
+    p, s = train(
+        redis_url, tmp_path / "run", "-n", "2", "--mode", "ps-bsp", "--iterations", "5",
+        "--model", f"{EXAMPLE}:model", "--data", f"{EXAMPLE}:data",
+    )  # fmt: skip
+    assert p.returncode == 2 and s is None, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"hopbus: error: --model {EXAMPLE}:model (a Keras model) trains with")
+    assert "--mode ps-bsp moves its bytes with a driver of its own" in line

@@ -203,6 +203,8 @@ def test_workers_whose_models_differ_stop_before_any_training(redis_url, tmp_pat
 def test_bad_launches_are_one_line(redis_url, tmp_path, script):
     for flags, command, expected in (
         (["--mode", "ps-bsp"], [sys.executable, str(script)], "trains with the Hop modes only"),
+        (["--mode", "wagma"], [sys.executable, str(script)], "--mode wagma moves its bytes"),
+        (["--mode", "allreduce"], [sys.executable, str(script)], "--mode allreduce moves its"),
         ([], [], "give the command to run after --"),
         (
             ["--checkpoint-every", "5"],

@@ -55,6 +55,31 @@ def test_every_mode_trains_digits_within_table1(redis_url, tmp_path, mode):
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == s
 
 
+TENSORBOARD_TAGS = {
+    "train/loss", "test/loss", "test/accuracy", "time/iteration_s", "time/blocked_s",
+    "behind_slowest_in_neighbour",
+}  # fmt: skip
+
+
+def test_tensorboard_reads_every_workers_scalars(redis_url, tmp_path):
+    """``tensorboard --logdir runs/RUN``: each worker's event file holds every scalar the docs
+    list, read back by TensorFlow's own parsers (the writer needs no TensorFlow)."""
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow reads the event files back")
+    from tensorflow.core.util import event_pb2
+
+    flags = ["-n", "3", "--topology", "ring", "--iterations", "40", "--eval-every", "10"]
+    p, s = train(redis_url, tmp_path / "run", *flags, "--iter-time", "0.02")
+    assert p.returncode == 0, p.stderr
+    for i in range(3):
+        (path,) = (tmp_path / "run" / "tensorboard" / f"worker-{i}").glob("events.out.tfevents.*")
+        events = [event_pb2.Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+        scalars = {(v.tag, e.step): v.simple_value for e in events for v in e.summary.value}
+        assert {tag for tag, _ in scalars} == TENSORBOARD_TAGS, scalars
+        # the last evaluation is the final report's
+        w = s["per_worker"][i]
+        assert scalars[("test/accuracy", 40)] == pytest.approx(w["final_accuracy"], abs=1e-6)
+
+
 def test_default_path_embedded_redis(tmp_path):
     """What a new user types first: no flags at all (4 workers, digits, a private Redis)."""
     import sys
