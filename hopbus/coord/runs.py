@@ -134,8 +134,10 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     to write it): ``finished`` when every worker's final report counts (coord/read.py),
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
     was stopped, ``running`` while some node's heartbeat is alive,
-    ``abandoned`` when it started (a counter, or a registered endpoint) but nothing beats
-    any more, otherwise the recorded status (``starting``: created, no worker came yet; or
+    ``failed`` too when it started but nothing beats any more and a node said it failed
+    (``said_failed``: a worker that gave up waiting for one that never came), ``abandoned``
+    when it started (a counter, or a registered endpoint) and nothing beats any more and no
+    node said why (a killed launcher's), otherwise the recorded status (``starting``: created, no worker came yet; or
     ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
@@ -169,8 +171,27 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     if recorded == "stopped":
         return recorded
     if any(c is not None for c in counters) or registered or recorded == "running":
-        return "abandoned"
+        return "failed" if said_failed(client, keys, workers + 1) else "abandoned"
     return recorded
+
+
+def said_failed(client: redis.Redis, keys: RunKeys, nodes: int) -> set[int]:
+    """The nodes (ids below ``nodes``) that posted an error event: why a node is gone once its
+    heartbeat is (the rule hopbus watch follows; anything that can write the stream can
+    write one, so it never makes a live node gone). A refused process writes none."""
+    from hopbus.coord import read
+    from hopbus.coord.control import EVENTS_MAXLEN
+
+    try:
+        entries = client.xrevrange(keys.events, count=EVENTS_MAXLEN)
+    except redis.ResponseError:  # another type there: nothing said
+        return set()
+    return {
+        who
+        for _, fields in entries
+        if fields.get(b"kind") == b"error"
+        and (who := read.integer(fields.get(b"worker"), 0, nodes - 1)) is not None
+    }
 
 
 def list_runs(client: redis.Redis) -> list[str]:

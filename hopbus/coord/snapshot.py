@@ -15,7 +15,7 @@ from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
 from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, run_status
+from hopbus.coord.runs import RunStateError, run_status, said_failed
 from hopbus.coord.tokens import queue_sizes, token_edges
 
 
@@ -62,13 +62,14 @@ def snapshot(
     pipe.smembers(keys.joining)
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
+    failed = said_failed(client, keys, n)
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
         hb, ttl, stats = rest[3 * i : 3 * i + 3]
         beat = read.finite_number(hb)
         if hb is None:
-            state = "gone" if iters[i] is not None else "not started"
+            state = "failed" if i in failed else "gone" if iters[i] is not None else "not started"
         elif read.text(hb, 40) == FINISHED:
             state = "finished"
         elif beat is not None and ttl and ttl > 0:

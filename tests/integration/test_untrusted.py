@@ -474,7 +474,9 @@ def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, t
 def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_client):
     """Fault ``never_started``: a run created and never started is "starting" and clean takes
     it (create itself says to); fault ``gave_up_alone``: its one worker registered, waited
-    for the others and gave up; with its heartbeat gone the run is "abandoned", not starting."""
+    for the others and gave up, saying so; with its heartbeat gone the run is "failed" (not
+    starting, and not "abandoned" as by a killed launcher that said nothing), and so is the
+    worker, not "not started"."""
     run = f"unstarted{os.getpid()}"
     made = hopbus("create", "--run", run, "-n", "3", "--redis", redis_url)
     assert made.returncode == 0, made.stderr
@@ -491,7 +493,8 @@ def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_cli
     assert alone.returncode == 1 and "register" in alone.stderr, alone.stderr
     wait_for(lambda: not redis_client.exists(RunKeys(run).hb(0)), 30, "its heartbeat to expire")
     snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
-    assert snap["status"] == "abandoned", snap["status"]
+    assert snap["status"] == "failed", snap["status"]
+    assert [w["state"] for w in snap["workers"]] == ["failed", "not started", "not started"]
     cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
     assert cleaned.returncode == 0, cleaned.stderr
 
