@@ -118,6 +118,15 @@ def _num(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _unused(s: dict[str, Any]) -> str:
+    """Why arrived updates went unused: with bounded staleness (Fig. 9 takes a sender's newest
+    only) a newer one from the same sender replaces the one held, which is most of them."""
+    mode = (s.get("config") or {}).get("mode")
+    if mode in ("staleness", "hybrid"):
+        return "superseded by a newer one from the same sender, or older than needed"
+    return "older than the receiver still needed"
+
+
 def summary(console: Console, s: dict[str, Any]) -> None:
     cfg = s["config"]
     it = s["iter_time_s"]
@@ -198,7 +207,8 @@ def summary(console: Console, s: dict[str, Any]) -> None:
                 (
                     "traffic",
                     f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
-                    f"receiver was done with them), {s['stale_dropped']} dropped as stale",
+                    f"receiver was done with them), {s['stale_dropped']} not used: "
+                    + _unused(s),
                 )
             )
     else:
