@@ -519,6 +519,10 @@ def worker_cmd(
         elif w is not None and not quiet and worker_id is None and w.vacant():
             report_failure(url, run, w.node, str(exc), kind=JOIN_FAILED)
         raise
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (docker stop): why it is gone, for watch
+        if w is not None and w.admitted:
+            report_failure(url, run, w.node, "interrupted (Ctrl-C or SIGTERM) before its end")
+        raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
 
 

@@ -207,8 +207,7 @@ def summary(console: Console, s: dict[str, Any]) -> None:
                 (
                     "traffic",
                     f"{s['messages']} updates sent, {s['sends_skipped']} not sent (the "
-                    f"receiver was done with them), {s['stale_dropped']} not used: "
-                    + _unused(s),
+                    f"receiver was done with them), {s['stale_dropped']} not used: " + _unused(s),
                 )
             )
     else:

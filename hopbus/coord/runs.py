@@ -137,8 +137,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     ``failed`` too when it started but nothing beats any more and a node said it failed
     (``said_failed``: a worker that gave up waiting for one that never came), ``abandoned``
     when it started (a counter, or a registered endpoint) and nothing beats any more and no
-    node said why (a killed launcher's), otherwise the recorded status (``starting``: created, no worker came yet; or
-    ``stopped`` after Ctrl-C)."""
+    node said why (a killed launcher's), otherwise the recorded status (``starting``:
+    created, no worker came yet; or ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
     recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
@@ -175,23 +175,24 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     return recorded
 
 
-def said_failed(client: redis.Redis, keys: RunKeys, nodes: int) -> set[int]:
-    """The nodes (ids below ``nodes``) that posted an error event: why a node is gone once its
-    heartbeat is (the rule hopbus watch follows; anything that can write the stream can
-    write one, so it never makes a live node gone). A refused process writes none."""
+def said_failed(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, str]:
+    """What the nodes (ids below ``nodes``) that posted an error event said, the first of
+    each: why a node is gone once its heartbeat is (the rule hopbus watch follows; anything
+    that can write the stream can write one, so it never makes a live node gone). A refused
+    process writes none."""
     from hopbus.coord import read
     from hopbus.coord.control import EVENTS_MAXLEN
 
     try:
-        entries = client.xrevrange(keys.events, count=EVENTS_MAXLEN)
+        entries = client.xrange(keys.events, count=EVENTS_MAXLEN)
     except redis.ResponseError:  # another type there: nothing said
-        return set()
-    return {
-        who
-        for _, fields in entries
-        if fields.get(b"kind") == b"error"
-        and (who := read.integer(fields.get(b"worker"), 0, nodes - 1)) is not None
-    }
+        return {}
+    said: dict[int, str] = {}
+    for _, fields in entries:
+        who = read.integer(fields.get(b"worker"), 0, nodes - 1)
+        if fields.get(b"kind") == b"error" and who is not None:
+            said.setdefault(who, read.text(fields.get(b"message"), 300) or "failed")
+    return said
 
 
 def list_runs(client: redis.Redis) -> list[str]:

@@ -106,9 +106,11 @@ def test_standard_mode_stops_and_names_the_killed_worker(redis_url, redis_client
     assert not processes_mentioning(run)
 
 
-def _start_workers(redis_url: str, mode_flags: list[str]) -> tuple[str, list[subprocess.Popen]]:
+def _start_workers(
+    redis_url: str, mode_flags: list[str], tag: str = ""
+) -> tuple[str, list[subprocess.Popen]]:
     """``hopbus create`` and N ``hopbus worker`` processes: no launcher watches them."""
-    run = f"faults{os.getpid()}-{mode_flags[1]}"
+    run = f"faults{os.getpid()}-{mode_flags[1]}{tag}"
     env = clean_env()
     p = hopbus("create", "--run", run, "--redis", redis_url, *FLAGS, *mode_flags)
     assert p.returncode == 0, p.stderr
@@ -185,3 +187,37 @@ def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_pat
     assert "Traceback" not in p.stderr
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert on_disk["checks"]["token_invariant_violations"] == 1
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "alone"])
+def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path, watched):
+    """Fault ``interrupted_worker``: Ctrl-C (SIGINT) of one hand-started worker of a standard
+    run. It exits 130 and posts why it is gone, so hopbus watch, or the peer that stops the
+    run, names the interruption, not only a heartbeat gone without a result."""
+    run, procs = _start_workers(redis_url, ["--mode", "standard"], f"-hand-{watched}")
+    args = _hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    watch = [subprocess.Popen(args, env=clean_env(), **pipes)] if watched else []
+    try:
+        wait_iteration(redis_client, RunKeys(run), VICTIM, KILL_AT)
+        procs[VICTIM].send_signal(signal.SIGINT)
+        _, victim_err = procs[VICTIM].communicate(timeout=60)
+        said = [w.communicate(timeout=120)[1] for w in watch]
+        for p in procs:
+            p.communicate(timeout=120)
+    finally:
+        for p in [*procs, *watch]:
+            if p.poll() is None:
+                p.kill()
+    assert procs[VICTIM].returncode == 130, victim_err
+    stop = redis_client.get(RunKeys(run).stop).decode()
+    if watched:  # whoever saw it gone first (watch, or a peer) stopped the run, saying why
+        assert watch[0].returncode == 1, said
+        last = said[0].strip().splitlines()[-1]
+        assert f"worker {VICTIM}" in last and "interrupted (Ctrl-C or SIGTERM)" in last, last
+        assert f"worker {VICTIM}" in stop and "interrupted (Ctrl-C or SIGTERM)" in stop, stop
+    else:  # the peer that saw its heartbeat gone
+        assert stop == (
+            f"worker {VICTIM} died (heartbeat gone: interrupted (Ctrl-C or SIGTERM) before its end)"
+        )
+    assert not processes_mentioning(run)
