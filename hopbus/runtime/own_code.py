@@ -51,20 +51,26 @@ def given_env(cfg: TrainConfig) -> dict[str, str]:
 
 def require_given(cfg: TrainConfig, who: str, run: str) -> None:
     """Refuse a run whose config names code this process was not given (ConfigError, before
-    it joins, so that it writes nothing into the run)."""
+    it joins, so that it writes nothing into the run): one line for all of it, --model and
+    --data alike, so that the fix is one command."""
+    wrong = []
     for field, (var, is_code) in GIVEN.items():
         spec = str(getattr(cfg, field)).strip()
         if not is_code(spec):
             continue
         mine = (os.environ.get(var) or "").strip()
-        if mine == spec:
-            continue
-        flag = f"--{field}"
-        # the spec is quoted, never offered as a command: it may be what someone else wrote
-        got = f"not the {mine!r} this process was given" if mine else "not given to it"
-        raise ConfigError(
-            f"{who}: run {run} has {flag} {spec!r}, code {got}. A worker runs only the code its "
-            f"own {flag} (or {var}) names, never code named by the run's config in Redis "
-            f"alone: if that spec is the one you recorded, give the worker {flag} with it; if "
-            "not, someone changed the run's config (docs/security.md)"
-        )
+        if mine != spec:
+            # the spec is quoted, never offered as a command: it may be what someone else wrote
+            got = f"not the {mine!r} this process was given" if mine else "not given to it"
+            wrong.append((f"--{field}", var, spec, got))
+    if not wrong:
+        return
+    has = " and ".join(f"{flag} {spec!r}, code {got}" for flag, _, spec, got in wrong)
+    flags = " and ".join(flag for flag, *_ in wrong)
+    names = " and ".join(f"{flag} (or {var})" for flag, var, *_ in wrong)
+    raise ConfigError(
+        f"{who}: run {run} has {has}. A worker runs only the code its own {names} names, never "
+        f"code named by the run's config in Redis alone: if that is what you recorded, give "
+        f"the worker {flags} with it; if not, someone changed the run's config "
+        "(docs/security.md)"
+    )

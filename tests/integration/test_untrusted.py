@@ -433,6 +433,16 @@ def test_code_named_only_in_redis_is_never_run(redis_url, redis_client, tmp_path
             assert f"run {run} has --{field} {spec!r}, code not given to it. A worker" in line
             assert f"its own --{field} (or HOPBUS_{field.upper()}) names" in line
             assert "someone changed the run's config" in line
+    # both at once: one line names both, so that the fix is one command
+    both = {**cfg, "model": f"{evil}:build", "data": "os:abort"}
+    redis_client.hset(keys.meta, "config", json.dumps(both))
+    p = join("--id", "0")
+    (line,) = error_lines(p.stderr)
+    assert p.returncode == 2 and (
+        f"has --model {str(evil) + ':build'!r}, code not given to it and --data 'os:abort', "
+        "code not given to it." in line
+    ), line
+    assert "give the worker --model and --data with it" in line
     redis_client.hset(keys.meta, "config", json.dumps({**cfg, "model": f"{evil}:build"}))
     p = join("--id", "0", HOPBUS_MODEL="mine:build")  # given other code than the run names
     (line,) = error_lines(p.stderr)
