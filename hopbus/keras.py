@@ -137,8 +137,8 @@ class HopCallback(keras.callbacks.Callback):
         if not ctx.done:
             with ctx._guard():
                 raise RunFailure(
-                    f"worker {ctx.worker}: model.fit ended in iteration {ctx.iteration} of "
-                    f"{ctx.iterations}, before the run was done: give fit more epochs "
+                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
+                    f"{ctx.iterations} iterations, before the run was done: give fit more epochs "
                     "(epochs=ctx.epochs(len(x_train), batch_size))"
                 )
         if self.finish and not ctx.session.finished:

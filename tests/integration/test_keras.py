@@ -157,3 +157,29 @@ def test_a_keras_model_is_refused_by_the_modes_that_move_other_bytes(redis_url, 
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith(f"hopbus: error: --model {EXAMPLE}:model (a Keras model) trains with")
     assert "--mode ps-bsp moves its bytes with a driver of its own" in line
+
+
+SHORT_FIT = """
+import keras, numpy as np, hopbus, hopbus.keras
+ctx = hopbus.join()
+x = np.random.default_rng(0).normal(size=(224, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
+"""
+
+
+def test_a_fit_too_short_for_the_run_is_one_line(redis_url, tmp_path):
+    """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
+    fails saying how far it got, in the run's own count, and what to give fit."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_FIT)
+    args = hopbus_args("launch", "--redis", redis_url, "--run", f"short{os.getpid()}", "-n", "2",
+                       "--iterations", "50", "--out", str(tmp_path / "run"))  # fmt: skip
+    p = subprocess.run([*args, "--", sys.executable, str(script)], capture_output=True,
+                       text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "model.fit ended after 7 of 50 iterations, before the run was done" in last, last
+    assert "epochs=ctx.epochs(len(x_train), batch_size)" in last and "Traceback" not in p.stderr
