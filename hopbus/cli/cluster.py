@@ -16,7 +16,7 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
-from hopbus.coord.keys import JOIN_FAILED
+from hopbus.coord.keys import INTERRUPTED, JOIN_FAILED
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
@@ -521,7 +521,8 @@ def worker_cmd(
         raise
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (docker stop): why it is gone, for watch
         if w is not None and w.admitted:
-            report_failure(url, run, w.node, "interrupted (Ctrl-C or SIGTERM) before its end")
+            message = "interrupted (Ctrl-C or SIGTERM) before its end"
+            report_failure(url, run, w.node, message, kind=INTERRUPTED)
         raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
 

@@ -35,6 +35,11 @@ from dataclasses import dataclass
 
 from hopbus.errors import ConfigError
 
+INTERRUPTED = "interrupted"
+"""The kind of event a worker posts that was stopped by Ctrl-C or SIGTERM before its end: why
+it is gone, for hopbus watch and its peers, like an ``error``, but no failure of the run's own
+making (a launcher killed with the laptop lid takes its workers with it: abandoned)."""
+
 JOIN_FAILED = "join_failed"
 """The kind of event a worker posts that failed before taking the place the join counter gave
 it (its model did not load there): unlike an ``error``, not a failure of the run by itself, as

@@ -135,10 +135,10 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
     was stopped, ``running`` while some node's heartbeat is alive,
     ``failed`` too when it started but nothing beats any more and a node said it failed
-    (``said_failed``: a worker that gave up waiting for one that never came), ``abandoned``
+    (``said_why``: a worker that gave up waiting for one that never came), ``abandoned``
     when it started (a counter, or a registered endpoint) and nothing beats any more and no
-    node said why (a killed launcher's), otherwise the recorded status (``starting``:
-    created, no worker came yet; or ``stopped`` after Ctrl-C)."""
+    node failed (a killed launcher's workers, interrupted with it), otherwise the recorded
+    status (``starting``: created, no worker came yet; or ``stopped`` after Ctrl-C)."""
     from hopbus.coord import read
 
     recorded = read.text(client.hget(keys.meta, "status"), 40) or "unknown"
@@ -171,27 +171,30 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     if recorded == "stopped":
         return recorded
     if any(c is not None for c in counters) or registered or recorded == "running":
-        return "failed" if said_failed(client, keys, workers + 1) else "abandoned"
+        said = said_why(client, keys, workers + 1).values()
+        return "failed" if any(kind == "error" for kind, _ in said) else "abandoned"
     return recorded
 
 
-def said_failed(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, str]:
-    """What the nodes (ids below ``nodes``) that posted an error event said, the first of
-    each: why a node is gone once its heartbeat is (the rule hopbus watch follows; anything
-    that can write the stream can write one, so it never makes a live node gone). A refused
-    process writes none."""
+def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[str, str]]:
+    """Per node (ids below ``nodes``) that posted an ``error`` or ``interrupted`` event, the
+    first one's kind and message: why a node is gone once its heartbeat is (the rule hopbus
+    watch follows; anything that can write the stream can write one, so it never makes a live
+    node gone). A refused process writes none."""
     from hopbus.coord import read
     from hopbus.coord.control import EVENTS_MAXLEN
+    from hopbus.coord.keys import INTERRUPTED
 
     try:
         entries = client.xrange(keys.events, count=EVENTS_MAXLEN)
     except redis.ResponseError:  # another type there: nothing said
         return {}
-    said: dict[int, str] = {}
+    said: dict[int, tuple[str, str]] = {}
     for _, fields in entries:
+        kind = read.text(fields.get(b"kind"), 40)
         who = read.integer(fields.get(b"worker"), 0, nodes - 1)
-        if fields.get(b"kind") == b"error" and who is not None:
-            said.setdefault(who, read.text(fields.get(b"message"), 300) or "failed")
+        if kind in ("error", INTERRUPTED) and who is not None:
+            said.setdefault(who, (kind, read.text(fields.get(b"message"), 300) or kind))
     return said
 
 

@@ -15,7 +15,7 @@ from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
 from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, run_status, said_failed
+from hopbus.coord.runs import RunStateError, run_status, said_why
 from hopbus.coord.tokens import queue_sizes, token_edges
 
 
@@ -62,14 +62,16 @@ def snapshot(
     pipe.smembers(keys.joining)
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
-    failed = said_failed(client, keys, n)
+    said = said_why(client, keys, n)
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
         hb, ttl, stats = rest[3 * i : 3 * i + 3]
         beat = read.finite_number(hb)
         if hb is None:
-            state = "failed" if i in failed else "gone" if iters[i] is not None else "not started"
+            state = "gone" if iters[i] is not None else "not started"
+            if i in said:  # why, as it said: failed, or interrupted
+                state = "failed" if said[i][0] == "error" else said[i][0]
         elif read.text(hb, 40) == FINISHED:
             state = "finished"
         elif beat is not None and ttl and ttl > 0:

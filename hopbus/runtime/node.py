@@ -28,7 +28,7 @@ from hopbus.coord import read
 from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, load_config, said_failed
+from hopbus.coord.runs import RunStateError, load_config, said_why
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.address import advertised
@@ -388,8 +388,8 @@ class Node:
             f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
             + (f"; {reason}" if reason else "")
         )
-        said = said_failed(self.r, self.keys, self.topo.n + 1)  # why, if it said (watch's rule)
-        told = "; ".join(said[j] for j in dead if j in said)
+        said = said_why(self.r, self.keys, self.topo.n + 1)  # why, if it said (watch's rule)
+        told = "; ".join(said[j][1] for j in dead if j in said)
         self.control.stop_run(
             f"{names(dead, self.ps_id)} died (heartbeat gone{f': {told}' if told else ''})"
         )
