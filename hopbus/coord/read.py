@@ -170,10 +170,13 @@ def result(
             ok = isinstance(value, str) and text(value, 64) == value
         elif key == "sketch_exact":
             ok = isinstance(value, bool)
-        else:  # losses (None: not evaluated), counters and times, which the summary adds up
+        else:  # losses (None: not evaluated), counters and times, which the summary adds up;
+            # finite (a worker's report is strict JSON: its writer turns NaN and inf into null)
             loss = key in ("final_loss", "final_accuracy")
             ok = (value is None and loss) or (
-                isinstance(value, int | float) and not isinstance(value, bool)
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
             )
         if not ok:
             return None

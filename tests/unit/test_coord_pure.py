@@ -135,3 +135,9 @@ def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
     for bad in ({"messages": "x"}, {"final_loss": "0.3"}, {"max_update_queue": [1]},
                 {"device": 5}, {"sketch_exact": 1}, {"cpu_s": True}):  # fmt: skip
         assert judge({**good, **bad}) is None, bad
+    # non-finite numbers (1e400 in the JSON reads as inf): no writer of a report makes them
+    for field, bad in (("messages", "1e400"), ("final_loss", "NaN"), ("cpu_s", "-Infinity")):
+        rest = json.dumps({k: v for k, v in good.items() if k != field})
+        raw = f'{rest[:-1]}, "{field}": {bad}}}'
+        assert read.result(raw, counter=b"30", incarnation=None, iterations=30,
+                           beat=FINISHED.encode()) is None, raw  # fmt: skip
