@@ -20,6 +20,10 @@ from hopbus.gaps import PAIRS_CHECKED, GapMonitor
 
 P50_SAMPLE = 1_000_000
 
+MAX_RUN_S = 1e9
+"""No run's ``t`` (seconds since it began) is larger: about 30 years. A larger one in a
+results file is junk, passed over by whatever reads it."""
+
 
 class RunStats:
     """Per-worker timing of iteration changes, fed in the order they happen."""

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopbus.summary import RunStats
+from hopbus.summary import MAX_RUN_S, RunStats
+from hopbus.topology.graphs import MAX_WORKERS
 
 #: Iterations the training-loss moving average spans.
 SMOOTHING = 5
@@ -37,20 +38,27 @@ class Curve:
     y: list[float]
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The entries of a metrics.jsonl; lines that do not parse (a run cut short mid-line) and
-    a missing file give nothing."""
+def read_metrics(path: Path, workers: int | None = None) -> list[dict[str, Any]]:
+    """The entries of a metrics.jsonl that a run could have written: a worker id below
+    ``workers`` (the run's, or the most any graph has), an iteration, and a ``t`` in
+    [0, MAX_RUN_S] where there is one. Lines that do not parse (a run cut short mid-line) or
+    hold anything else (an edited file: a worker 10**9 would have every per-worker table sized
+    by it) are passed over; a missing file gives nothing."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
+    bound = workers if isinstance(workers, int) and workers > 0 else MAX_WORKERS
     entries = []
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(rec, dict) and "worker" in rec and "iter" in rec:
+        if not isinstance(rec, dict):
+            continue
+        w, it, t = rec.get("worker"), rec.get("iter"), rec.get("t", 0.0)
+        if _index(w) and w < bound and _index(it) and _number(t) and 0 <= t <= MAX_RUN_S:
             entries.append(rec)
     return entries
 

@@ -219,7 +219,7 @@ def run_series(
     return Series(
         name=name,
         colour=colour if colour is not None else _colours([name])[name],
-        entries=read_metrics(folder / "metrics.jsonl"),
+        entries=read_metrics(folder / "metrics.jsonl", summary.get("workers")),
         wall_s=_finite(wall_s),
         final_loss=_finite(final_loss if final_loss is not None else summary.get("final_loss")),
         gap_bound=any_pair_bound(summary),

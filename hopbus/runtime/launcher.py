@@ -70,6 +70,7 @@ from hopbus.runtime.progress import (
     summarize_run,
     token_invariant_violations,
 )
+from hopbus.summary import MAX_RUN_S
 from hopbus.topology import Topology
 from hopbus.transport.curve import CurveKeys
 
@@ -80,8 +81,6 @@ STEADY_S = 1.0
 """How long Redis must answer every look before a loss starts a new --timeout: a broker (or
 something killing its clients) that answers and drops us again and again ends the run once
 --timeout has passed since it last held, instead of never."""
-MAX_RUN_S = 1e9
-"""No run's ``t`` (seconds since it began) is larger: about 30 years."""
 FOLLOW_S = 0.1
 """Reads of the progress stream are at least this far apart while entries keep coming. A
 read as soon as an entry is there wakes the launcher (and Redis) about once per

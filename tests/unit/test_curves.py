@@ -66,3 +66,26 @@ def test_lines_without_a_worker_an_iteration_or_a_time_are_ignored():
     assert iteration_time_per_worker(junk) == {}
     assert gap_timeline(junk).x == []
     assert iteration_time_per_worker([*junk, _e(1, 2, 3.0)]) == {1: pytest.approx(1.5)}
+
+
+def test_metrics_lines_no_run_could_write_are_passed_over(tmp_path):
+    """Fault ``edited_metrics``: one line appended to metrics.jsonl with a worker id of 10**9
+    (hopbus plot sized its per-worker tables by it: 23 GB), 10**30, or a t of 1e308 (an
+    axis matplotlib cannot lay out) is passed over, as a line that does not parse is."""
+    from hopbus.experiments.curves import read_metrics
+
+    good = ['{"worker": 0, "iter": 1, "t": 0.5, "loss": 1.0}', '{"worker": 1, "iter": 1, "t": 0.6}']
+    bad = [
+        '{"worker": 1000000000, "iter": 1, "t": 0.1}',
+        '{"worker": 1' + "0" * 30 + ', "iter": 1}',
+        '{"worker": 1, "iter": 2, "t": 1e308}',
+        '{"worker": 1, "iter": -1}',
+        '{"worker": 2, "iter": 1}',
+        '{"worker": true, "iter": 1}',
+        "[" * 100_000,
+        '{"worker": 1, "iter": 2, "t": NaN}',
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(good + bad) + "\n")
+    assert [e["worker"] for e in read_metrics(path, workers=2)] == [0, 1]
+    assert len(read_metrics(path)) == 3  # without the run's size: the most any graph has
