@@ -59,6 +59,24 @@ def restore_run(client: redis.Redis, keys: RunKeys, config: dict[str, Any], vers
 SAY_AFTER_S = 2.0  # a run still missing after this long is said to be waited for
 
 
+def recorded_config(raw: dict[str, Any], keys: RunKeys) -> Any:
+    """A run's config as recorded in Redis (``raw``: its JSON object), validated as a
+    TrainConfig. A value no hopbus wrote is named with the key it was read from, never taken
+    for a flag of the command reading it: one line, RunStateError."""
+    from hopbus.config import TrainConfig, make_config
+    from hopbus.coord import read
+    from hopbus.errors import ConfigError, SlowdownSpecError
+
+    where = f"{keys.meta} config"  # named as a file's key is, not as a flag
+    try:
+        return make_config(raw, dict.fromkeys(raw, where), TrainConfig)
+    except (ConfigError, SlowdownSpecError) as exc:
+        why = str(exc).removeprefix(f"{where}: ")
+        raise RunStateError(
+            f"run {keys.run!r}: {keys.meta} holds a config no hopbus wrote ({read.text(why, 300)})"
+        ) from None
+
+
 def load_config(
     client: redis.Redis, keys: RunKeys, *, timeout: float, say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:

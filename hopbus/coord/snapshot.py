@@ -11,11 +11,11 @@ from typing import Any
 
 import redis
 
-from hopbus.config import TrainConfig, make_config
+from hopbus.config import TrainConfig
 from hopbus.coord import read
 from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, run_status, said_why
+from hopbus.coord.runs import RunStateError, recorded_config, run_status, said_why
 from hopbus.coord.tokens import queue_sizes, token_edges
 
 
@@ -46,8 +46,7 @@ def snapshot(
     raw_cfg = read.json_object(meta.get("config"))
     if raw_cfg is None:
         raise RunStateError(f"run {keys.run!r}: {keys.meta} holds no readable config")
-    cfg = make_config(raw_cfg, cls=TrainConfig)
-    cfg, topo = cfg.build_topology()
+    cfg, topo = recorded_config(raw_cfg, keys).build_topology()
     n = topo.n
     iters_raw = client.mget([keys.iter(i) for i in range(n)])
     iters = [read.integer(v) for v in iters_raw]

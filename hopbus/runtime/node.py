@@ -28,7 +28,7 @@ from hopbus.coord import read
 from hopbus.coord.client import attempts, connect
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, load_config, said_why
+from hopbus.coord.runs import RunStateError, load_config, recorded_config, said_why
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.address import advertised
@@ -93,8 +93,7 @@ def read_run_config(
     client: redis.Redis, keys: RunKeys, timeout: float
 ) -> tuple[TrainConfig, Topology]:
     """The run's config as ``hopbus train`` recorded it, with its worker count filled in."""
-    raw = load_config(client, keys, timeout=timeout, say=log)
-    cfg = make_config(raw, cls=TrainConfig)
+    cfg = recorded_config(load_config(client, keys, timeout=timeout, say=log), keys)
     with warnings.catch_warnings():  # the launcher shows the run's warnings once
         warnings.simplefilter("ignore")
         cfg, topo = cfg.build_topology()

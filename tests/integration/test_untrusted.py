@@ -774,3 +774,19 @@ def test_a_worker_waiting_on_a_peer_whose_heartbeat_was_deleted_waits_on(redis_u
         assert w.returncode == 0, err
     snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
     assert snap["status"] == "finished"
+
+
+def test_a_config_no_hopbus_wrote_is_named_by_its_key_not_a_flag(redis_url, redis_client):
+    """Fault ``mistyped_config``: the run's config in Redis rewritten with a setting of the
+    wrong type. Every reader says the key holds a config no hopbus wrote, never that the
+    reader's own --iterations flag is wrong."""
+    run = f"badcfg{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "3", "--redis", redis_url).returncode == 0
+    keys = RunKeys(run)
+    redis_client.hset(keys.meta, "config", json.dumps({"workers": 3, "iterations": "x"}))
+    for args in (["inspect"], ["top", "--once"], ["worker", "--id", "0", "--timeout", "5"]):
+        p = hopbus(*args, "--run", run, "--redis", redis_url)
+        (line,) = error_lines(p.stderr)
+        assert p.returncode == 2, (args, p.stderr)
+        assert f"{keys.meta} holds a config no hopbus wrote (iterations: input should be" in line
+        assert "--iterations" not in line
