@@ -976,7 +976,7 @@ class Launcher:
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
         summary.update(server_model(server))
         summary.update(self._consensus(results, live))
-        summary["diverged"] = self._diverged()
+        summary["diverged"] = self._diverged(failure)
         refused = {
             "progress_entries": self.replay.rejected + self.malformed,
             "final_reports": self.rejected_reports,
@@ -995,12 +995,19 @@ class Launcher:
             self.r.delete(self.keys.initial)
         return summary
 
-    def _diverged(self) -> dict[str, Any] | None:
-        """The first worker whose model stopped being finite (its ``diverged`` event):
-        ``worker``, ``iteration``, ``what``; None if none did."""
+    def _diverged(self, failure: str | None) -> dict[str, Any] | None:
+        """The worker whose model stopped being finite (its ``diverged`` event): ``worker``,
+        ``iteration``, ``what``; None if none did. Only the one the run's failure names (the
+        worker whose stop won writes the event): a forged event in a run that finished, or
+        failed otherwise, is no divergence."""
+        if failure is None:
+            return None
         try:
             for _, rec in read_all(self.r, self.keys.events, events=True):
-                if rec is not None and rec.get("kind") == "diverged":
+                if rec is None or rec.get("kind") != "diverged":
+                    continue
+                said = f"worker {rec.get('worker')} diverged in iteration {rec.get('iteration')}:"
+                if said in failure:
                     return {
                         "worker": rec.get("worker"),
                         "iteration": rec.get("iteration"),

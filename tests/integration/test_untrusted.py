@@ -191,8 +191,8 @@ def _two_workers(redis_url: str, run: str, *flags: str) -> list[subprocess.Popen
 def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_client, tmp_path):
     """Faults ``forged_progress`` and ``forged_report``: entries that no worker wrote (a
     malformed one, one far ahead, one claiming the future, a death and a rejoin of workers
-    that never died) and a final report for every
-    worker at the last iteration, while the run is at a third of it."""
+    that never died), a final report for every worker at the last iteration, while the run
+    is at a third of it, and a divergence event no worker posted."""
     flags = ["-n", "4", "--iterations", "900", "--iter-time", "0.01", "--eval-every", "0"]
     proc, run, keys = _start(redis_url, tmp_path, *flags)
     wait_iteration(redis_client, keys, 0, 300)
@@ -206,6 +206,8 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     # markers only the death and rejoin scripts write, for workers that never died
     redis_client.xadd(keys.progress, {"worker": 1, "iter": 5, "dead": 1, "t": time.time()})
     redis_client.xadd(keys.progress, {"worker": 3, "iter": 1, "rejoin": 1, "t": time.time()})
+    # and a divergence no worker had (fault ``forged_diverged``)
+    redis_client.xadd(keys.events, {"kind": "diverged", "worker": 1, "iteration": 5, "what": "x"})
     watch = subprocess.Popen(
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
                     "--json"),
@@ -221,10 +223,12 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     assert s["refused"]["progress_entries"] == 6
     assert "refused 6 progress entries" in err
     assert s["lost_workers"] == [] and not s.get("rejoined_workers"), s["lost_workers"]
+    assert s["diverged"] is None
     w_out, w_err = watch.communicate(timeout=60)
     assert watch.returncode == 0, w_err
     w = json.loads(w_out)
     assert w["finished"] and w["iterations"]["min"] == 900 and w["violations"] == 0
+    assert w["diverged"] is None
 
 
 def test_garbled_incarnations_evict_no_live_worker(redis_url, redis_client, tmp_path):
