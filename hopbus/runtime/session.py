@@ -69,14 +69,24 @@ class UsageError(UserError):
     """The session's calls in an order the protocol cannot follow (a bug in the caller)."""
 
 
-def _figure(name: str, value: Any) -> float | None:
-    """A final test loss or accuracy as a float (a numpy scalar too), or one line."""
+METRICS = ("eval_loss", "eval_accuracy", "accuracy")
+"""What ``log`` takes: test loss and accuracy (the run's --target-loss and final accuracy read
+them), training accuracy."""
+
+
+def _figure(call: str, name: str, value: Any) -> float | None:
+    """A loss or accuracy the caller reports, as a float (a numpy scalar too), or one line
+    naming the call; an accuracy that is a number is a fraction in [0, 1] (NaN passes: it is
+    written as null)."""
     if value is None:
         return None
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
-        raise UsageError(f"finish(): {name} must be a number, not {type(value).__name__}") from None
+        raise UsageError(f"{call}: {name} must be a number, not {type(value).__name__}") from None
+    if "accuracy" in name and math.isfinite(x) and not 0.0 <= x <= 1.0:
+        raise UsageError(f"{call}: {name} {x} is not a fraction in [0, 1]")
+    return x
 
 
 def first_non_finite(params: Params) -> str | None:
@@ -214,6 +224,9 @@ class Session:
         n = self.node
         layout = layout_of(params)
         check_layout(layout)
+        bad = first_non_finite({k: np.asarray(v) for k, v in params.items()})
+        if bad is not None:  # worker 0's would be every worker's start; anyone's is a bug
+            raise UsageError(f"start(): the parameters hold {bad}; a model must start finite")
         self.layout = layout
         n.setup(layout)
         if n.rejoin:
@@ -300,7 +313,7 @@ class Session:
                 a.flags.writeable and a.flags.c_contiguous and a is params[k]
                 for k, a in self._new.items()
             )
-        self.loss = None if loss is None else float(loss)
+        self.loss = _figure("end()", "loss", loss)
         if self.loss is not None and not math.isfinite(self.loss):
             self._diverge(f"its training loss is {self.loss}")
         if self._bg is not None:
@@ -323,8 +336,11 @@ class Session:
         last test loss and accuracy logged are the final report's unless finish() is given
         its own."""
         for k, v in metrics.items():
-            if v is not None:
-                self.pending[k] = float(v)
+            if k not in METRICS:
+                raise UsageError(f"log(): unknown metric {k!r}; it takes {', '.join(METRICS)}")
+            x = _figure("log()", k, v)
+            if x is not None:
+                self.pending[k] = x
         if "eval_loss" in self.pending or "eval_accuracy" in self.pending:
             self.last_eval = (self.pending.get("eval_loss"), self.pending.get("eval_accuracy"))
 
@@ -341,8 +357,11 @@ class Session:
         n = self.node
         if loss is None and accuracy is None:
             loss, accuracy = self.last_eval
-        loss, accuracy = _figure("loss", loss), _figure("accuracy", accuracy)
-        if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+        loss, accuracy = (
+            _figure("finish()", "loss", loss),
+            _figure("finish()", "accuracy", accuracy),
+        )
+        if accuracy is not None and not math.isfinite(accuracy):
             raise UsageError(f"finish(): accuracy {accuracy} is not a fraction in [0, 1]")
         eff = self._next
         assert isinstance(eff, Finish)

@@ -44,6 +44,8 @@ with hopbus.join() as ctx:
     rng = np.random.default_rng()  # no seed: every worker draws its own start
     target = np.full(shape, me, np.float32)  # each worker pulls toward its own id
     w0 = rng.normal(size=shape).astype(np.float32)
+    if fault == "nan_start" and me == who:
+        w0[1, 2] = np.nan
     params = ctx.start({"W": w0}, overlap=fault == "overlap")
     print("start", me, float(params["W"].sum()), flush=True)
     while not ctx.done:
@@ -53,6 +55,8 @@ with hopbus.join() as ctx:
         if fault == "stops_early" and me == who and ctx.iteration >= 10:
             break  # leaving the with block early: the run hears why
         new = {"W": p["W"] - 0.1 * (p["W"] - target)}
+        if me == who and ctx.iteration == 5 and fault in ("bad_accuracy", "text_loss"):
+            ctx.log(eval_accuracy=7.0) if fault == "bad_accuracy" else ctx.end(new, loss="abc")
         p = ctx.end(new, loss=float(((p["W"] - target) ** 2).mean()))
         if ctx.iteration % 10 == 0:
             ctx.log(eval_loss=float(((p["W"] - 1.5) ** 2).mean()), eval_accuracy=0.5)
@@ -185,6 +189,30 @@ def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_p
         (line,) = error_lines(p.stderr)
         assert "worker 1" in line and expected in line, line
         assert not processes_mentioning(str(script))
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("nan_start", "start(): the parameters hold a NaN or infinity in 'W'; a model must start"),
+        ("bad_accuracy", "log(): eval_accuracy 7.0 is not a fraction in [0, 1]"),
+        ("text_loss", "end(): loss must be a number, not str"),
+    ],
+)
+def test_a_script_that_hands_hopbus_bad_values_is_one_line(
+    redis_url, tmp_path, script, fault, expected
+):
+    """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``: a script's own values refused
+    where hopbus takes them, naming the call, before they reach the run (worker 0's NaN
+    start would have been every worker's)."""
+    p, _, _ = launch(
+        redis_url, tmp_path / "run", "-n", "2", "--topology", "ring", "--iterations", "20",
+        command=[sys.executable, str(script), fault, "0"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    (line,) = error_lines(p.stderr)
+    assert "worker 0" in line and expected in line, line
+    assert "Traceback" not in p.stderr
 
 
 def test_workers_whose_models_differ_stop_before_any_training(redis_url, tmp_path, script):
