@@ -238,8 +238,9 @@ Advertise = Annotated[
     typer.Option(
         "--advertise",
         envvar="HOPBUS_ADVERTISE",
-        help="Host name or address peers use to reach this process [default: the bound "
-        "address, or this host's name when bound to *].",
+        help="Host name or IPv4 address peers use to reach this process (no tcp://, no port: "
+        "the bound port is used), or auto (this host's own address, e.g. a container's IP) "
+        "[default: the bound address, or this host's name when bound to *].",
         show_default=False,
         rich_help_panel=PANEL_CLUSTER,
     ),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import warnings
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from hopbus.coord import read
 from hopbus.errors import ConfigError
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
@@ -26,11 +28,37 @@ def advertised(bound: str, advertise: str | None) -> str:
     return f"tcp://{host}:{port}"
 
 
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
+"""A host name: dot-separated labels of letters, digits, inner hyphens (RFC 1123) and
+underscores (Docker's DNS names services ``stack_service``)."""
+
+
+def _host(value: str) -> str:
+    """``--advertise HOST``: a host name or an IPv4 address, nothing more (peers put
+    ``tcp://`` before it and the bound port after it), or one line."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        ip = None
+    if ip is not None and ip.version == 6:
+        raise ConfigError(
+            f"--advertise {value!r}: IPv6 addresses are not supported; give an IPv4 address or "
+            "a host name"
+        )
+    if ip is None and not _HOST.fullmatch(value):
+        raise ConfigError(
+            f"--advertise {read.text(value, 100)!r}: expected a host name or an IPv4 address (no "
+            "tcp://, no port: the port is the bound one), or auto"
+        )
+    return value
+
+
 def resolve_advertise(value: str | None, redis_url: str) -> str | None:
     """``--advertise auto``: this host's own address (a container's IP on its compose network),
     so identical replicas each advertise an endpoint their peers can reach (``auto_address``)."""
     if value != "auto":
-        return value
+        return _host(value) if value else None  # none (or empty): the bound address
 
     def route(host: str) -> str:  # the local address of the interface that routes to host
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

@@ -62,6 +62,22 @@ def test_advertised_endpoint():
     assert advertised("tcp://127.0.0.1:5000", None) == "tcp://127.0.0.1:5000"
     assert advertised("tcp://0.0.0.0:5000", "worker-3") == "tcp://worker-3:5000"
     assert advertised("tcp://0.0.0.0:5000", None).endswith(":5000")
+
+
+def test_advertise_takes_a_host_and_nothing_more():
+    """Fault ``bad_advertise``: a URL, a port or an IPv6 address where a host belongs was
+    registered as tcp://tcp://x:PORT and failed later on a peer; now one line at start-up."""
+    from hopbus.errors import ConfigError
+    from hopbus.runtime.address import resolve_advertise
+
+    for good in ("10.0.0.5", "redis", "worker-1.example.com", "hopbus_worker"):
+        assert resolve_advertise(good, "redis://127.0.0.1") == good
+    assert resolve_advertise("", "redis://127.0.0.1") is None
+    refused = [("tcp://x", "no tcp://, no port"), ("x:5555", "no tcp://, no port"),
+               ("::1", "IPv6 addresses are not supported"), ("a b", "a host name")]  # fmt: skip
+    for bad, said in refused:
+        with pytest.raises(ConfigError, match=said):
+            resolve_advertise(bad, "redis://127.0.0.1")
     assert "0.0.0.0" not in advertised("tcp://0.0.0.0:5000", None)
 
 
