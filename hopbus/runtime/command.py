@@ -2,10 +2,12 @@
 
 The torchrun convention: this process takes the worker's id (``--id``, or the run's next one),
 starts COMMAND with the environment ``hopbus.join()`` reads (hopbus/runtime/env.py), passes its
-output through, forwards SIGTERM and Ctrl-C to it, and ends as it ends. It is also where the run
-hears about a script that failed outside hopbus's own calls: one that crashed (its last lines of
-stderr name the cause), was killed, or exited 0 without finishing its part of the run (it never
-called ``hopbus.join()``, or stopped training early). ``hopbus launch`` starts N of these.
+output through, forwards SIGTERM and Ctrl-C to it (and to everything it started), and ends as
+it ends, stopping whatever the script left running (hopbus/runtime/reaper.py). It is also
+where the run hears about a script that failed outside hopbus's own calls: one that crashed
+(its last lines of stderr name the cause), was killed, or exited 0 without finishing its part
+of the run (it never called ``hopbus.join()``, or stopped training early). ``hopbus launch``
+starts N of these.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer
 from hopbus.runtime.node import place_taken, read_run_config, redis_failures
+from hopbus.runtime.reaper import become_subreaper, stop_all
 from hopbus.runtime.worker import report_failure
 
 TAIL_LINES = 3
@@ -109,6 +112,7 @@ def run_command(
     if len(shown) > 80:
         shown = shown[:77] + "..."
     variables = script_env(run, worker, redis_url, timeout=timeout, **settings)
+    become_subreaper()  # what the script orphans stays below this process: stop_all finds it
     try:
         proc = subprocess.Popen(
             command,
@@ -124,9 +128,19 @@ def run_command(
     pump.start()
     try:
         code = proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI's handler): the script stops too
-        _stop(proc)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI's handler, or a launcher that died):
+        stop_all(STOP_GRACE_S, keep=proc.pid)  # the script stops too, and all it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(1.0)
         raise
+    left = stop_all(STOP_GRACE_S)  # before the pump: a leftover may hold the script's stderr
+    if left:
+        print(
+            f"hopbus: worker {worker}: stopped {len(left)} process{'es' * (len(left) > 1)} "
+            f"`{shown}` left running when it exited (pid {', '.join(map(str, left[:5]))})",
+            file=sys.stderr,
+            flush=True,
+        )
     pump.join(timeout=5.0)
     return _outcome(client, keys, worker, redis_url, shown, code, list(tail))
 
@@ -147,16 +161,6 @@ def cause(tail: list[str]) -> str:
         m = places[-1]
         return f"{last} ({Path(m['file']).name}, line {m['line']}, in {m['func']})"
     return " | ".join(line.strip() for line in tail[-TAIL_LINES:])
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _outcome(

@@ -571,9 +571,11 @@ class Launcher:
 
     def _note_late(self, waiting: set[int], reported: set[int] | None = None) -> None:
         """Of the workers in ``waiting``, those the progress stream saw enter the run's last
-        iteration --timeout ago or more and still without a final report (``reported``, or
-        read now): said once each. A final evaluation may be slow, so the run waits on for
-        them rather than fail; the note says so, and that Ctrl-C stops it."""
+        iteration --timeout ago or more: said once each, whether still without a final report
+        (``reported``, or read now) or reported with their process still running (a script
+        that lingers after its part). A final evaluation, or a script's own work after
+        training, may be slow, so the run waits on for them rather than fail; the note says
+        so, and that Ctrl-C stops it."""
         views = [] if self.replay is None else self.replay.views
         now = time.monotonic()
         late = []
@@ -584,12 +586,21 @@ class Launcher:
         if late and reported is None:
             reported = set(self._reports())
         for i in late:
-            if i not in (reported or set()):
-                self._late.add(i)
+            self._late.add(i)
+            ago = now - self._at_end[i]
+            if i in (reported or set()):  # its part is done: what it does now is its own
+                shown = shlex.join(self.command or ["hopbus", "worker"])
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
                 self.notes.append(
-                    f"{self._name(i)} entered the run's last iteration "
-                    f"{now - self._at_end[i]:.0f} s ago and has not reported its result: a slow "
-                    "final evaluation, or it hangs; the run waits for it (Ctrl-C stops it)"
+                    f"{self._name(i)} reported its result, but its process (`{shown}`) has not "
+                    f"exited {ago:.0f} s after its last iteration: the run's results are "
+                    "complete; the run waits for it to exit (Ctrl-C stops it)"
+                )
+            else:
+                self.notes.append(
+                    f"{self._name(i)} entered the run's last iteration {ago:.0f} s ago and has "
+                    "not reported its result: a slow final evaluation, or it hangs; the run "
+                    "waits for it (Ctrl-C stops it)"
                 )
 
     def _superseded(self, worker: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,6 +34,12 @@ import numpy as np
 import hopbus
 
 fault, who = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else -1
+if fault == "daemon" and os.fork() == 0:  # a daemon: it leaves its session, forks again
+    os.setsid()
+    if os.fork() == 0:
+        sleep = [sys.executable, "-c", "import time; time.sleep(600)", sys.argv[3]]
+        os.execv(sys.executable, sleep)
+    os._exit(0)
 if fault == "never_joins" and os.environ["HOPBUS_ID"] == str(who):
     sys.exit(0)  # a script that forgot hopbus.join(), as seen from the run
 with hopbus.join() as ctx:
@@ -63,6 +70,10 @@ with hopbus.join() as ctx:
     if ctx.done:
         ctx.finish(loss=float(((p["W"] - 1.5) ** 2).mean()), accuracy=0.5)
         print("finished", me, float(p["W"].mean()), flush=True)
+if fault == "linger":  # its part done, it stays, deaf to SIGTERM
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
 """
 
 
@@ -426,6 +437,54 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert not processes_mentioning(str(script))
+
+
+def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, script):
+    """Faults ``daemon`` and ``wrapped_then_killed``: a script that leaves a daemon behind
+    (forked twice, in a session of its own) ends with its run, the daemon stopped and named
+    in the worker's log; and a script run through ``sh -c`` (so that the parent-death signal
+    reaches only sh) stops when its launcher is killed with SIGKILL."""
+    mark = f"hopbus-test-daemon-{os.getpid()}"
+    p, s, _ = launch(
+        redis_url, tmp_path / "d", "-n", "2", "--topology", "ring", "--iterations", "20",
+        command=[sys.executable, str(script), "daemon", "-1", mark],
+    )  # fmt: skip
+    assert p.returncode == 0 and s["finished"], p.stderr
+    assert not processes_mentioning(mark)
+    log = (tmp_path / "d" / "logs" / "worker-0.log").read_text()
+    assert "stopped 1 process `" in log and "left running when it exited" in log, log
+
+    run = f"k{os.getpid()}"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "k"),
+                       "-n", "2", "--topology", "ring", "--iterations", "1000000")  # fmt: skip
+    wrapped = ["sh", "-c", f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} none; true"]
+    proc = subprocess.Popen([*args, "--", *wrapped], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:1") or 0) >= 5, 120, "the run to start")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    wait_for(lambda: not processes_mentioning(str(script)), 30, "the scripts to stop")
+
+
+def test_a_script_that_lingers_after_its_part_is_named(redis_url, tmp_path, script):
+    """Fault ``linger``: every copy reports its result, then stays (SIGTERM ignored). The
+    launcher says so, naming the worker and the command, --timeout after the last iteration,
+    and waits; Ctrl-C then stops it all, SIGKILL for the deaf."""
+    run = f"linger{os.getpid()}"
+    flags = ["-n", "2", "--topology", "ring", "--iterations", "5", "--timeout", "2"]
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "r"))
+    args += flags
+    err = tmp_path / "err"
+    with err.open("w") as fh:
+        proc = subprocess.Popen([*args, "--", sys.executable, str(script), "linger"],
+                                env=clean_env(), stdout=subprocess.DEVNULL, stderr=fh)  # fmt: skip
+    said = "reported its result, but its process (`"
+    wait_for(lambda: said in err.read_text(), 120, "the launcher to name the lingering copy")
+    assert f"(`{sys.executable[:20]}" in err.read_text() and "has not exited" in err.read_text()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
     assert not processes_mentioning(str(script))
 
 

@@ -1,0 +1,99 @@
+"""What a user's script leaves running: found and stopped by the process that ran it.
+
+``hopbus worker -- COMMAND`` runs a script it did not write. A script may start processes of
+its own (a data loader's workers, ``sh -c`` around the real program, a daemon that forks twice
+and calls ``setsid`` to leave its session), and Linux's parent-death signal reaches only the
+direct child. So the worker process becomes a *child subreaper* (``PR_SET_CHILD_SUBREAPER``):
+whatever its descendants orphan is re-parented to it rather than to init, and at the end it
+can find every process below it in ``/proc``, ask them to stop (SIGTERM), and kill those that
+do not within a grace period. Linux only; elsewhere nothing is found and nothing is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process become its children (Linux); whether it took."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False
+
+
+def _parents() -> dict[int, tuple[int, str]]:
+    """Every live process's parent and state letter, from /proc (zombies included)."""
+    found: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses; it ends at the last ')'
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        found[int(entry.name)] = (int(ppid), state)
+    return found
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """The live (not zombie) processes below ``root`` (this process), nearest first."""
+    root = os.getpid() if root is None else root
+    procs = _parents()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        if procs[pid][1] != "Z":
+            out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _reap() -> None:
+    """Collect the exit status of this process's children that have ended (re-parented
+    orphans included), so that they leave the process table."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def stop_all(grace_s: float, *, keep: int | None = None) -> list[int]:
+    """SIGTERM every process below this one, SIGKILL those still there after ``grace_s``;
+    returns the pids it found. ``keep``: a child whose exit status its Popen still has to
+    collect (it is signalled, not reaped here)."""
+    found = descendants()
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    left = found
+    while left and time.monotonic() < deadline:
+        if keep is None:
+            _reap()
+        time.sleep(0.05)  # polling processes that are no children of a Popen of ours
+        alive = set(descendants())
+        left = [pid for pid in left if pid in alive]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if keep is None:
+        time.sleep(0.05 if left else 0.0)  # SIGKILL is not instant; reap what it ended
+        _reap()
+    return found
+
+
+__all__ = ["become_subreaper", "descendants", "stop_all"]
