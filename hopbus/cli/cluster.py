@@ -711,3 +711,10 @@ def clean_cmd(
         )
     gone = f" and its Redis user {user_of(run)}" if user else ""
     print(f"hopbus: removed {n} key{'s' if n != 1 else ''} of run {run}{gone}")
+    if user is None and client.connection_pool.connection_kwargs.get("username") == user_of(run):
+        print(
+            f"hopbus: note: the run's Redis user {user_of(run)} stays (this URL logs in as it, "
+            "and a user cannot remove itself): remove it with an ACL administrator's URL, "
+            f"hopbus clean --run {run} --redis ADMIN_URL",
+            file=sys.stderr,
+        )

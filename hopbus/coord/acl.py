@@ -54,12 +54,13 @@ def create_user(client: redis.Redis, keys: RunKeys, url: str) -> str:
     )
 
 
-def delete_user(client: redis.Redis, keys: RunKeys) -> bool:
-    """Remove the run's user if there is one (and this client may): whether it was removed."""
+def delete_user(client: redis.Redis, keys: RunKeys) -> bool | None:
+    """Remove the run's user if there is one: whether it was removed, or None where this
+    client may not remove users (the run's own user, or hopbus): it is left as it is."""
     try:
         return bool(client.execute_command("ACL", "DELUSER", user_of(keys.run)))
-    except redis.ResponseError:  # no permission (the run's own user, or hopbus): leave it
-        return False
+    except redis.ResponseError:
+        return None
 
 
 def open_secret(path: Path) -> int:

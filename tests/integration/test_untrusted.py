@@ -645,8 +645,15 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         assert json.loads(watch.stdout)["finished"]
         for w in workers:
             w.communicate(timeout=60)
+        # with the run's own URL: its keys go, and it says the user stays
+        cleaned = hopbus("clean", "--run", run, "--redis", url)
+        assert cleaned.returncode == 0 and "Redis user" not in cleaned.stdout, cleaned.stderr
+        assert f"the run's Redis user hop-{run} stays" in cleaned.stderr
+        assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is not None
         cleaned = hopbus("clean", "--run", run, "--redis", server.url)
-        assert f"its Redis user hop-{run}" in cleaned.stdout, cleaned.stderr
+        assert f"removed 0 keys of run {run} and its Redis user hop-{run}" in cleaned.stdout, (
+            cleaned.stderr
+        )
         assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None
 
 
