@@ -33,7 +33,11 @@ def become_subreaper() -> bool:
 def _parents() -> dict[int, tuple[int, str]]:
     """Every live process's parent and state letter, from /proc (zombies included)."""
     found: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # no /proc (not Linux): nothing found
+        return found
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
