@@ -61,7 +61,8 @@ def snapshot(
     pipe.smembers(keys.joining)
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
-    said = said_why(client, keys, n)
+    beats = [rest[3 * i] for i in range(n)]
+    said = said_why(client, keys, n) if any(hb is None for hb in beats) else {}  # why gone
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
@@ -123,7 +124,7 @@ def snapshot(
         "progress": _entries(client.xrevrange(keys.progress, count=last)) if last else [],
         "progress_entries": client.xlen(keys.progress),
         "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
-        "results": _results(client, keys, cfg, n, iters, [rest[3 * i] for i in range(n)]),
+        "results": _results(client, keys, cfg, n, iters, beats),
     }
 
 
