@@ -387,7 +387,7 @@ class Node:
             f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
             + (f"; {reason}" if reason else "")
         )
-        said = said_why(self.r, self.keys, self.topo.n + 1)  # why, if it said (watch's rule)
+        said = said_why(self.r, self.keys, max(dead) + 1)  # why, if it said (watch's rule)
         told = "; ".join(said[j][1] for j in dead if j in said)
         self.control.stop_run(
             f"{names(dead, self.ps_id)} died (heartbeat gone{f': {told}' if told else ''})"
