@@ -40,6 +40,11 @@ INTERRUPTED = "interrupted"
 it is gone, for hopbus watch and its peers, like an ``error``, but no failure of the run's own
 making (a launcher killed with the laptop lid takes its workers with it: abandoned)."""
 
+SAYS_WHY_GONE = ("error", INTERRUPTED)
+"""The kinds of event that say why a node is gone, once its heartbeat is: hopbus watch's
+failure line, the stop reason a peer writes, inspect's worker rows and the run's status all
+read them by this one list."""
+
 JOIN_FAILED = "join_failed"
 """The kind of event a worker posts that failed before taking the place the join counter gave
 it (its model did not load there): unlike an ``error``, not a failure of the run by itself, as

@@ -201,7 +201,7 @@ def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[
     node gone). A refused process writes none."""
     from hopbus.coord import read
     from hopbus.coord.control import EVENTS_MAXLEN
-    from hopbus.coord.keys import INTERRUPTED
+    from hopbus.coord.keys import SAYS_WHY_GONE
 
     try:
         entries = client.xrange(keys.events, count=EVENTS_MAXLEN)
@@ -211,7 +211,7 @@ def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[
     for _, fields in entries:
         kind = read.text(fields.get(b"kind"), 40)
         who = read.integer(fields.get(b"worker"), 0, nodes - 1)
-        if kind in ("error", INTERRUPTED) and who is not None:
+        if kind in SAYS_WHY_GONE and who is not None:
             said.setdefault(who, (kind, read.text(fields.get(b"message"), 300) or kind))
     return said
 

@@ -36,7 +36,7 @@ from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact
 from hopbus.coord.control import broker_id, taken
-from hopbus.coord.keys import FINISHED, INTERRUPTED, JOIN_FAILED, RunKeys
+from hopbus.coord.keys import FINISHED, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
     clean_run,
@@ -1143,15 +1143,11 @@ class Watcher(Launcher):
             assert rec is not None  # events always parse (leniently)
             who = rec.get("worker")
             kind = rec.get("kind")
-            if (
-                kind in ("error", INTERRUPTED)
-                and who is not None
-                and 0 <= who < n + (ps is not None)
-            ):
+            if kind in SAYS_WHY_GONE and who is not None and 0 <= who < n + (ps is not None):
                 # anything that can write the stream can write this: it says why a node is
                 # gone once its heartbeat is, and never makes a live one gone
                 self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
-            elif rec.get("kind") == JOIN_FAILED and who is not None and 0 <= who < n:
+            elif kind == JOIN_FAILED and who is not None and 0 <= who < n:
                 self._joining_failed(who, rec.get("message") or "failed")
         failure = self._empty_places()
         if failure is not None:
