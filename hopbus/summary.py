@@ -25,6 +25,14 @@ MAX_RUN_S = 1e9
 results file is junk, passed over by whatever reads it."""
 
 
+def run_seconds(t: Any) -> float | None:
+    """``t`` as seconds since a run began, where a run could have written it (a number in
+    [0, MAX_RUN_S]), else None: the one check every reader of metrics.jsonl's ``t`` makes."""
+    if isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t <= MAX_RUN_S:
+        return float(t)
+    return None
+
+
 class RunStats:
     """Per-worker timing of iteration changes, fed in the order they happen."""
 

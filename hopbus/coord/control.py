@@ -76,8 +76,8 @@ end
 
 # Enter an iteration in one round trip, or say which token queue is short.
 # KEYS: 1 iter, 2 progress, 3 own floor, then nt queues to take from, np queues to put into,
-#       nf floors to read back, and last the incarnation hash, the run's set of joining workers
-#       and its set of dead workers
+#       nf floors to read back and their owners' nf counters, and last the incarnation hash, the
+#       run's set of joining workers and its set of dead workers
 # ARGV: 1 start, 2 to, 3 maxlen, 4 nt, 5 np, 6 nf, 7 floor to publish ('' = none),
 #       8..7+nt tokens still needed from each take queue, then the progress entry's fields and
 #       values as one msgpack array of strings (one argument instead of dozens: cheaper to send),
@@ -134,7 +134,7 @@ if np > 0 then
   end
 end
 local floors = {}
-for k = 1, nf do floors[k] = redis.call('GET', KEYS[3 + nt + np + k]) or '' end
+for k = 1, 2 * nf do floors[k] = redis.call('GET', KEYS[3 + nt + np + k]) or '' end
 return {1, id, floors, dead, joining}
 """
 )
@@ -453,6 +453,7 @@ class RunControl:
         # 0: the process ``hopbus train`` or compose started; n: the n-th replacement of it
         self.incarnation = 0
         self.floors: dict[int, int] = {}  # out-neighbours' floors, read by the last advance
+        self.floors_refused = 0  # floors above their owner's counter (_checked_floors)
         self.joining: frozenset[int] = frozenset()  # dead workers coming back, as last read
         self._shapes: dict[tuple, tuple[list[str], bytes]] = {}  # _advance_shape's
 
@@ -515,7 +516,7 @@ class RunControl:
         self.joining = _members(res[-1])
         if res[0] == 0:
             return owners[int(res[1]) - 1], _members(res[2])
-        self.floors = {j: read.integer(v) or 0 for j, v in zip(floors_of, res[2], strict=True)}
+        self.floors = self._checked_floors(floors_of, res[2])
         return None, _members(res[3])
 
     def _advance_shape(
@@ -534,6 +535,7 @@ class RunControl:
                 *(k.tok(j, w) for j in owners),
                 *(k.tok(w, j) for j in put_to),
                 *(k.floor(j) for j in floors_of),
+                *(k.iter(j) for j in floors_of),
                 k.incarnation,
                 k.joining,
                 k.dead,
@@ -548,8 +550,25 @@ class RunControl:
     def read_floors(self, of: Sequence[int]) -> dict[int, int]:
         if not of:
             return {}
-        values = self.r.mget([self.keys.floor(j) for j in of])
-        return {j: read.integer(v) or 0 for j, v in zip(of, values, strict=True)}
+        k = self.keys
+        return self._checked_floors(of, self.r.mget([*map(k.floor, of), *map(k.iter, of)]))
+
+    def _checked_floors(self, of: Sequence[int], values: Sequence[Any]) -> dict[int, int]:
+        """The floors of ``of`` from ``values`` (their floor keys, then their counters). A
+        worker publishes its floor with the Advance that enters the iteration it is for, so a
+        floor never exceeds its owner's counter: one that does (forged, garbled, or left by
+        an earlier incarnation of a replaced worker) is not believed, and the update goes out
+        anyway (the receiver drops what it cannot use): counted in ``floors_refused``.
+        Believing it would leave a receiver waiting for an update nobody sends."""
+        n = len(of)
+        floors: dict[int, int] = {}
+        for j, f, c in zip(of, values[:n], values[n:], strict=True):
+            floor, counter = read.integer(f) or 0, read.integer(c)
+            if floor > 0 and (counter is None or floor > counter):
+                self.floors_refused += 1
+                floor = 0
+            floors[j] = floor
+        return floors
 
     # -- registry ----------------------------------------------------------------------------
     def register(self, endpoint: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopbus.summary import MAX_RUN_S, RunStats
+from hopbus.summary import RunStats, run_seconds
 from hopbus.topology.graphs import MAX_WORKERS
 
 #: Iterations the training-loss moving average spans.
@@ -58,7 +58,7 @@ def read_metrics(path: Path, workers: int | None = None) -> list[dict[str, Any]]
         if not isinstance(rec, dict):
             continue
         w, it, t = rec.get("worker"), rec.get("iter"), rec.get("t", 0.0)
-        if _index(w) and w < bound and _index(it) and _number(t) and 0 <= t <= MAX_RUN_S:
+        if _index(w) and w < bound and _index(it) and run_seconds(t) is not None:
             entries.append(rec)
     return entries
 

@@ -70,7 +70,7 @@ from hopbus.runtime.progress import (
     summarize_run,
     token_invariant_violations,
 )
-from hopbus.summary import MAX_RUN_S
+from hopbus.summary import run_seconds
 from hopbus.topology import Topology
 from hopbus.transport.curve import CurveKeys
 
@@ -1294,9 +1294,9 @@ def _keep_until(path: Path, at: int) -> float:
         it = e.get("iter") if isinstance(e, dict) else None
         if type(it) is int and it > at:
             continue
-        t = e.get("t") if isinstance(e, dict) else None
-        if isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t <= MAX_RUN_S:
-            last_t = max(last_t, float(t))  # seconds since the run began: junk is passed over
+        t = run_seconds(e.get("t")) if isinstance(e, dict) else None
+        if t is not None:
+            last_t = max(last_t, t)  # seconds since the run began: junk is passed over
         kept.append(line)
     if len(kept) < len(lines):
         _write_whole(path, b"".join(kept))

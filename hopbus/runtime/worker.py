@@ -213,6 +213,8 @@ class Worker(Node):
                 store_overflow=store.overflow,
                 max_update_queue=store.peak,
             )
+        if self.control.floors_refused:
+            out["floors_refused"] = self.control.floors_refused
         return out
 
     def behind(self, iteration: int) -> int | None:

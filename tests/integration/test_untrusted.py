@@ -5,7 +5,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
-``garbled_incarnation``, ``clean_under_workers``.
+``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``.
 """
 
 from __future__ import annotations
@@ -245,6 +245,25 @@ def test_garbled_incarnations_evict_no_live_worker(redis_url, redis_client, tmp_
     s = json.loads(out)
     assert s["finished"] and s["lost_workers"] == [], s["lost_workers"]
     assert s["iterations"]["min"] == 300 and s["refused"]["final_reports"] == 0
+
+
+def test_a_forged_floor_holds_back_no_update(redis_url, redis_client, tmp_path):
+    """Fault ``forged_floor``: worker 1's store floor (the oldest update it still takes,
+    Sec. 6.2) rewritten far beyond its counter, again and again for a hundred iterations, in
+    standard mode, where worker 1 waits for every in-neighbour. Believed, it would keep them
+    from sending to worker 1, which would wait for those updates until its timeout. A floor
+    above its owner's counter is not believed: the run finishes, and the refusals are counted."""
+    flags = ["-n", "4", "--iterations", "400", "--iter-time", "0.01", "--eval-every", "0"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags, "--timeout", "20")
+    wait_iteration(redis_client, keys, 0, 20)
+    start = int(redis_client.get(keys.iter(0)))
+    while int(redis_client.get(keys.iter(0)) or 0) < start + 100 and proc.poll() is None:
+        redis_client.set(keys.floor(1), 10**9)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["violations"] == 0 and s["lost_workers"] == []
+    assert sum(w.get("floors_refused", 0) for w in s["per_worker"]) > 0, s["per_worker"]
 
 
 def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
