@@ -33,6 +33,7 @@ import numpy as np
 
 from hopbus.api import Context, join
 from hopbus.errors import RunFailure
+from hopbus.models.custom import NOT_BUILT
 from hopbus.runtime.session import ALIGN
 
 
@@ -128,6 +129,8 @@ class HopCallback(keras.callbacks.Callback):
             return
         self._variables, self._names = shared_weights(self.model)
         if not self._variables:
+            if not getattr(self.model, "built", True):
+                raise RunFailure(f"HopCallback: {NOT_BUILT}")
             raise RunFailure("HopCallback: the model has no floating-point weights to train")
         self._set(self.ctx.start(self._get(), device=keras_device(), overlap=self.overlap))
 

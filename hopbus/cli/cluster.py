@@ -16,7 +16,7 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
-from hopbus.coord.keys import INTERRUPTED, JOIN_FAILED
+from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
@@ -334,7 +334,8 @@ launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
             annotation=Annotated[
                 list[str] | None,
                 typer.Argument(
-                    help="Your training script and its arguments, after --.",
+                    help="Your training script and its arguments: every flag after COMMAND "
+                    "is the script's, as with torchrun (a -- before it is allowed).",
                     metavar="-- COMMAND [ARGS]...",
                     show_default=False,
                 ),
@@ -343,7 +344,10 @@ launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
         ),
     ]
 )
-app.command("launch")(launch_cmd)
+# the script's own flags follow it: parsing stops at COMMAND, as torchrun's does (with or
+# without --), so that `hopbus launch -n 4 python train.py --seed 7` gives --seed to the script
+SCRIPT_ARGS = {"allow_interspersed_args": False}
+app.command("launch", context_settings=SCRIPT_ARGS)(launch_cmd)
 
 
 @app.command("watch")
@@ -371,7 +375,7 @@ def watch_cmd(
     _report(launcher, outcome, as_json, display.shown)
 
 
-@app.command("worker")
+@app.command("worker", context_settings=SCRIPT_ARGS)
 def worker_cmd(
     run: Annotated[
         str,
@@ -459,7 +463,8 @@ def worker_cmd(
     command: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Your training script, after --: it runs with the environment hopbus.join() "
+            help="Your training script and its arguments (every flag after COMMAND is the "
+            "script's; a -- before it is allowed): it runs with the environment hopbus.join() "
             "reads (hopbus launch starts N of these). Without it the worker trains the run's "
             "own --model.",
             show_default=False,
@@ -521,8 +526,7 @@ def worker_cmd(
         raise
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (docker stop): why it is gone, for watch
         if w is not None and w.admitted:
-            message = "interrupted (Ctrl-C or SIGTERM) before its end"
-            report_failure(url, run, w.node, message, kind=INTERRUPTED)
+            report_failure(url, run, w.node, INTERRUPTED_LINE, kind=INTERRUPTED)
         raise
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
 

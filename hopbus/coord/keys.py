@@ -40,6 +40,9 @@ INTERRUPTED = "interrupted"
 it is gone, for hopbus watch and its peers, like an ``error``, but no failure of the run's own
 making (a launcher killed with the laptop lid takes its workers with it: abandoned)."""
 
+INTERRUPTED_LINE = "interrupted (Ctrl-C or SIGTERM) before its end"
+"""What an ``INTERRUPTED`` event says, a built-in worker's and a script's alike."""
+
 SAYS_WHY_GONE = ("error", INTERRUPTED)
 """The kinds of event that say why a node is gone, once its heartbeat is: hopbus watch's
 failure line, the stop reason a peer writes, inspect's worker rows and the run's status all

@@ -163,6 +163,31 @@ def check_model(obj: Any, spec: str) -> Any:
     )
 
 
+NOT_BUILT = (
+    "the model is not built yet (it has no keras.Input, so Keras would build it on fit's first "
+    "batch, after every worker must start from the same weights): begin it with "
+    "keras.Input(shape=...), or call model.build((None, *input_shape)) before fit"
+)
+"""Why a Keras model with no weights yet cannot join a run (HopCallback's, and --model's
+where building it from the data's shape failed)."""
+
+
+def built_keras(model: Any, spec: str, input_shape: tuple[int, ...]) -> Any:
+    """``model``, built for samples of ``input_shape`` if it is a Keras model with no weights
+    yet (one with no keras.Input): hopbus knows the data's shape, so the user need not."""
+    if not is_keras_model(model) or getattr(model, "built", True):
+        return model
+    try:
+        with native_notices_hidden():
+            model.build((None, *input_shape))
+    except Exception as exc:
+        raise ConfigError(
+            f"--model {spec!r}: {NOT_BUILT} (model.build((None, *{input_shape})) raised "
+            f"{_first_line(exc)})"
+        ) from None
+    return model
+
+
 def keras_mode_line(what: str, mode: object) -> str:
     """Why a Keras model (a user's --model, or a script's) cannot train in ``mode``."""
     return (
@@ -174,7 +199,9 @@ def keras_mode_line(what: str, mode: object) -> str:
 
 
 __all__ = [
+    "NOT_BUILT",
     "SCRIPT",
+    "built_keras",
     "call_user",
     "check_model",
     "is_callable_spec",

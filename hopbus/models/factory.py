@@ -7,7 +7,13 @@ from typing import Any
 
 from hopbus.errors import ConfigError
 from hopbus.models.base import Model
-from hopbus.models.custom import call_user, check_model, is_callable_spec, load_callable
+from hopbus.models.custom import (
+    built_keras,
+    call_user,
+    check_model,
+    is_callable_spec,
+    load_callable,
+)
 from hopbus.models.linear import LogReg, Softmax
 from hopbus.models.mlp import MLP
 from hopbus.models.tf import TF_MODELS, build_tf_model
@@ -41,7 +47,7 @@ def build_model(
             fn, name, "--model", n_features=n_features, n_classes=n_classes,
             input_shape=input_shape or (n_features,),
         )  # fmt: skip
-        return check_model(built, name)
+        return built_keras(check_model(built, name), name, input_shape or (n_features,))
     if n_features < 1:
         raise ConfigError(f"model {name!r}: the data needs at least 1 feature, got {n_features}")
     if n_classes < 2:

@@ -28,9 +28,9 @@ import redis
 
 from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
-from hopbus.coord.client import connect
+from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
-from hopbus.coord.keys import RunKeys
+from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, RunKeys
 from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
@@ -132,6 +132,7 @@ def run_command(
         stop_all(STOP_GRACE_S, keep=proc.pid)  # the script stops too, and all it started
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(1.0)
+        _interrupted(redis_url, keys, worker)
         raise
     left = stop_all(STOP_GRACE_S)  # before the pump: a leftover may hold the script's stderr
     if left:
@@ -143,6 +144,16 @@ def run_command(
         )
     pump.join(timeout=5.0)
     return _outcome(client, keys, worker, redis_url, shown, code, list(tail))
+
+
+def _interrupted(url: str, keys: RunKeys, worker: int) -> None:
+    """Why this worker is gone, for hopbus watch and its peers, as a built-in worker's says
+    (cli/cluster.py): unless its part was done (a script that lingered after its report).
+    Best effort, a second at most: the stop must not wait on a frozen broker."""
+    with contextlib.suppress(redis.RedisError, ConfigError, OSError, ValueError):
+        if quick(url).hexists(keys.result, str(worker)):
+            return
+    report_failure(url, keys.run, worker, INTERRUPTED_LINE, kind=INTERRUPTED)
 
 
 _WHERE = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')

@@ -569,6 +569,28 @@ class Launcher:
                 self._note_late({p.worker for p in self.procs if p.code is None})
         return done, failure
 
+    def _only_lingering(self) -> bool:
+        """Whether every process of the run still running belongs to a worker whose final
+        report is in (a script that lingers after its part), and none failed: a Ctrl-C then
+        stops those processes and ends the run as finished, its results being complete."""
+        running = {p.worker for p in self.procs if p.popen.poll() is None}
+        if not running or any(p.popen.poll() not in (None, 0) for p in self.procs):
+            return False
+        try:
+            return running <= set(self._reports())
+        except redis.RedisError:
+            return False
+
+    def _stop_lingering(self) -> None:
+        from hopbus.runtime.node import names
+
+        running = [p.worker for p in self.procs if p.popen.poll() is None]
+        self.stop_workers()
+        self.notes.append(
+            f"Ctrl-C: stopped the processes of {names(running)}, which had reported "
+            "their results; the run is complete"
+        )
+
     def _note_late(self, waiting: set[int], reported: set[int] | None = None) -> None:
         """Of the workers in ``waiting``, those the progress stream saw enter the run's last
         iteration --timeout ago or more: said once each, whether still without a final report
@@ -594,7 +616,8 @@ class Launcher:
                 self.notes.append(
                     f"{self._name(i)} reported its result, but its process (`{shown}`) has not "
                     f"exited {ago:.0f} s after its last iteration: the run's results are "
-                    "complete; the run waits for it to exit (Ctrl-C stops it)"
+                    "complete; the run waits for it to exit (Ctrl-C stops it and ends the run "
+                    "as finished)"
                 )
             else:
                 self.notes.append(
@@ -752,52 +775,59 @@ class Launcher:
         pending: list[Entry] = []
         outage = Outage(self.cfg.timeout)
         last_read, behind = 0.0, False
-        while True:
-            interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
-            pace = last_read + FOLLOW_S - time.monotonic()
-            if pace > 0 and not behind and not any(p.popen.poll() is not None for p in self.procs):
-                time.sleep(pace)  # pacing the reads (FOLLOW_S); one that exited: look now
-            last_read = time.monotonic()
-            try:
-                entries = read_entries(
-                    self.r, self.keys.progress, cursor, block_ms=200, count=FOLLOW_BATCH
-                )
-                behind = len(entries) == FOLLOW_BATCH  # a full batch: read on at once
-                if entries:
-                    cursor = entries[-1][0]
-                    pending.extend(entries)
-                if pending and self._feed(pending, metrics):
-                    pending.clear()
-                done, failure = self._poll()
-                if self.unanswered is not None:  # a read in _poll found Redis away
-                    raise self.unanswered
-                self._check_broker()
-            except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
-                from hopbus.coord.control import RunControl
-
-                failure = self._refused(exc)
-                with contextlib.suppress(redis.RedisError):  # every node stops with the run
-                    RunControl(self.r, self.keys, -1).stop_run(failure)
-                break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self.unanswered = None
-                first, too_long = outage.lost(time.monotonic())
-                if too_long:  # it answers, then drops us, again
-                    failure = (
-                        f"Redis at {redact(self.url)} kept dropping the connection for more "
-                        f"than {self.cfg.timeout:g} s ({exc})"
+        try:
+            while True:
+                interrupts.check()  # a Ctrl-C whose KeyboardInterrupt something swallowed
+                pace = last_read + FOLLOW_S - time.monotonic()
+                exited = any(p.popen.poll() is not None for p in self.procs)
+                if pace > 0 and not behind and not exited:
+                    time.sleep(pace)  # pacing the reads (FOLLOW_S); one that exited: look now
+                last_read = time.monotonic()
+                try:
+                    entries = read_entries(
+                        self.r, self.keys.progress, cursor, block_ms=200, count=FOLLOW_BATCH
                     )
+                    behind = len(entries) == FOLLOW_BATCH  # a full batch: read on at once
+                    if entries:
+                        cursor = entries[-1][0]
+                        pending.extend(entries)
+                    if pending and self._feed(pending, metrics):
+                        pending.clear()
+                    done, failure = self._poll()
+                    if self.unanswered is not None:  # a read in _poll found Redis away
+                        raise self.unanswered
+                    self._check_broker()
+                except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
+                    from hopbus.coord.control import RunControl
+
+                    failure = self._refused(exc)
+                    with contextlib.suppress(redis.RedisError):  # every node stops with the run
+                        RunControl(self.r, self.keys, -1).stop_run(failure)
                     break
-                # one note per outage: a broker that keeps dropping us does not flood stderr
-                failure = self._broker_lost(exc, note=first)
-                if failure is not None:
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self.unanswered = None
+                    first, too_long = outage.lost(time.monotonic())
+                    if too_long:  # it answers, then drops us, again
+                        failure = (
+                            f"Redis at {redact(self.url)} kept dropping the connection for more "
+                            f"than {self.cfg.timeout:g} s ({exc})"
+                        )
+                        break
+                    # one note per outage: a broker that keeps dropping us does not flood stderr
+                    failure = self._broker_lost(exc, note=first)
+                    if failure is not None:
+                        break
+                    continue
+                outage.answered(time.monotonic())
+                if self.on_update is not None:
+                    self.on_update(self)
+                if failure is not None or done:
                     break
-                continue
-            outage.answered(time.monotonic())
-            if self.on_update is not None:
-                self.on_update(self)
-            if failure is not None or done:
-                break
+        except KeyboardInterrupt:
+            if not self._only_lingering():
+                raise
+            failure = None  # the run is done: its summary is written, as a finished run's
+            self._stop_lingering()
         if failure is not None:  # its processes' last counters, before the summary reads them
             self.stop_workers()  # (each leaves them as it goes: Node._last_stats)
         try:  # every entry up to the end, a failed run's too: the summary tells it all

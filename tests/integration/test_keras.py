@@ -183,3 +183,47 @@ def test_a_fit_too_short_for_the_run_is_one_line(redis_url, tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert "model.fit ended after 7 of 50 iterations, before the run was done" in last, last
     assert "epochs=ctx.epochs(len(x_train), batch_size)" in last and "Traceback" not in p.stderr
+
+
+LAZY = """
+import keras, numpy as np
+
+def model():
+    m = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    m.compile("adam", loss, metrics=["accuracy"])
+    return m
+
+def data():
+    x = np.random.default_rng(0).normal(size=(400, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    return x[:320], y[:320], x[320:], y[320:]
+
+if __name__ == "__main__":
+    import hopbus, hopbus.keras
+    x, y, _, _ = data()
+    model().fit(x, y, batch_size=32, epochs=5, verbose=0,
+                callbacks=[hopbus.keras.HopCallback(hopbus.join())])
+"""
+
+
+def test_a_keras_model_without_an_input_layer(redis_url, tmp_path):
+    """A Sequential model with no keras.Input has no weights until fit's first batch. From
+    --model, hopbus builds it for the data's shape and trains it; in a script, whose data
+    hopbus does not see, the worker stops with one line saying what to add."""
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text(LAZY)
+    p, s = train(
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20", "--eval-every", "0",
+        "--model", f"{lazy}:model", "--data", f"{lazy}:data",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["violations"] == 0
+    args = hopbus_args("launch", "--redis", redis_url, "--run", f"lazy{os.getpid()}", "-n", "2",
+                       "--iterations", "20", "--out", str(tmp_path / "script"))  # fmt: skip
+    p = subprocess.run([*args, "--", sys.executable, str(lazy)], capture_output=True,
+                       text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "the model is not built yet" in last and "keras.Input(shape=...)" in last, last
+    assert "Traceback" not in p.stderr

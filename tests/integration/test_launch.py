@@ -269,6 +269,31 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
         assert "Traceback" not in p.stderr
 
 
+def test_the_scripts_flags_are_its_own_with_or_without_a_double_dash(redis_url, tmp_path, script):
+    """Parsing stops at the command, as torchrun's does: a flag after it that hopbus launch
+    also has (--seed, -n) goes to the script, not to the run, ``--`` or not."""
+    wrapper = tmp_path / "args.py"
+    wrapper.write_text(
+        "import runpy, sys\n"
+        "print('argv', sys.argv[1:], flush=True)\n"
+        f"sys.argv = [{str(script)!r}, 'none']\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    for dashes in ([], ["--"]):
+        out = tmp_path / f"r{len(dashes)}"
+        run = f"a{os.getpid()}-{len(dashes)}"
+        args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), "-n",
+                           "2", "--topology", "ring", "--iterations", "5", *dashes,
+                           sys.executable, str(wrapper), "--seed", "7", "-n", "9")  # fmt: skip
+        p = subprocess.run(args, capture_output=True, text=True, env=clean_env(), timeout=240,
+                           check=False)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        log = (out / "logs" / "worker-0.log").read_text()
+        assert "argv ['--seed', '7', '-n', '9']" in log, log
+        config = (out / "config.toml").read_text()
+        assert "workers = 2" in config and "seed = 7" not in config, config
+
+
 def test_join_outside_a_run_says_how_to_launch(tmp_path):
     p = subprocess.run(
         [sys.executable, "-c", "import hopbus; hopbus.join()"],
@@ -353,6 +378,43 @@ def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, s
         "--id 0` running twice?)"
     ], stray.stderr
     assert redis.Redis.from_url(redis_url).xlen(RunKeys(run).events) == before
+
+
+def test_a_script_worker_stopped_by_hand_says_why(redis_url, tmp_path, script):
+    """Fault ``stopped_script_worker``: SIGTERM (``docker stop``) of one hand-started
+    ``hopbus worker -- COMMAND`` of a standard run. Its script is stopped with it, and it
+    posts why it is gone, as a built-in worker does: hopbus watch names the interruption, not
+    only a heartbeat gone without a result."""
+    run = f"t{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "100000", "--model", "script", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i), "--",
+                                     sys.executable, str(script), "none"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for i in range(2)
+    ]  # fmt: skip
+    watch = subprocess.Popen(
+        hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    try:
+        client = redis.Redis.from_url(redis_url)
+        wait_for(lambda: int(client.get(RunKeys(run).iter(1)) or 0) >= 5, 120, "the run")
+        workers[1].send_signal(signal.SIGTERM)
+        _, said = watch.communicate(timeout=120)
+        for w in workers:
+            w.communicate(timeout=120)
+    finally:
+        for p in [*workers, watch]:
+            if p.poll() is None:
+                p.kill()
+    assert workers[1].returncode == 130 and watch.returncode == 1, said
+    last = said.strip().splitlines()[-1]
+    assert "worker 1" in last and "interrupted (Ctrl-C or SIGTERM)" in last, last
+    assert not processes_mentioning(str(script))
 
 
 def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
@@ -471,7 +533,8 @@ def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, scrip
 def test_a_script_that_lingers_after_its_part_is_named(redis_url, tmp_path, script):
     """Fault ``linger``: every copy reports its result, then stays (SIGTERM ignored). The
     launcher says so, naming the worker and the command, --timeout after the last iteration,
-    and waits; Ctrl-C then stops it all, SIGKILL for the deaf."""
+    and waits; Ctrl-C then stops it all, SIGKILL for the deaf, and the run, whose results are
+    complete, ends as finished, its summary written."""
     run = f"linger{os.getpid()}"
     flags = ["-n", "2", "--topology", "ring", "--iterations", "5", "--timeout", "2"]
     args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "r"))
@@ -484,8 +547,13 @@ def test_a_script_that_lingers_after_its_part_is_named(redis_url, tmp_path, scri
     wait_for(lambda: said in err.read_text(), 120, "the launcher to name the lingering copy")
     assert f"(`{sys.executable[:20]}" in err.read_text() and "has not exited" in err.read_text()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=60) == 0, err.read_text()
     assert not processes_mentioning(str(script))
+    assert "Ctrl-C: stopped the processes of workers 0, 1, which had reported" in err.read_text()
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["finished"] and s["iterations"]["min"] == 5 and s["failure"] is None
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "finished", snap["status"]
 
 
 def test_the_numpy_example_trains(redis_url, tmp_path):
