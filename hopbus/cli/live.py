@@ -25,17 +25,24 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def view(launcher: Launcher) -> Group:
+def head_line(launcher: Launcher) -> str:
+    """The run in one line, with the command that looks at it from another terminal (the
+    private Redis's address included): the live view's first line, and a log's first."""
     cfg = launcher.cfg
-    rep = launcher.replay
     private = getattr(launcher, "broker", None) is not None  # hopbus train's own redis-server
     inspect = f"hopbus inspect --run {launcher.keys.run} --redis {redact(launcher.url)}"
     if private:
         inspect = f"while it runs (its private Redis goes with it): {inspect}"
-    head = Text(
+    return (
         f"run {launcher.keys.run}: {launcher.topo.n} workers, {cfg.topology}, {cfg.mode}, "
         f"slowdown {cfg.slowdown}; {inspect}"
     )
+
+
+def view(launcher: Launcher) -> Group:
+    cfg = launcher.cfg
+    rep = launcher.replay
+    head = Text(head_line(launcher))
     head.stylize("bold", 0, len(f"run {launcher.keys.run}"))
     table = Table(box=None, pad_edge=False)
     for col in ("worker", "iteration", "it/s", "loss", "test acc", "waits on", "wait s"):
@@ -78,6 +85,7 @@ class Display:
         self._last = 0.0
         self._said = ("", 0.0, 0.0)  # the last plain progress line, since, last printed
         self._noted = 0  # launcher.notes already printed
+        self._headed = False  # head_line printed (plain output)
         self._launcher: Launcher | None = None
         self._began = time.monotonic()
 
@@ -107,6 +115,9 @@ class Display:
                 self._last = now
                 self.live.update(view(launcher))
             return
+        if not self._headed:
+            self._headed = True
+            self.console.print(f"hopbus: {head_line(launcher)}", highlight=False, soft_wrap=True)
         for note in launcher.notes[self._noted :]:  # as they happen, in logs too
             self.console.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
         self._noted = len(launcher.notes)
@@ -115,7 +126,7 @@ class Display:
             return
         self._last = now
         if rep is None:  # a watch of a run whose workers have not started (yet)
-            line = f"hopbus: run {launcher.keys.run}: no worker has started yet"
+            line = f"hopbus: run {launcher.keys.run}: no worker has finished an iteration yet"
         else:
             its = [v.iteration for v in rep.views]
             losses = [v.loss for v in rep.views if v.loss is not None]

@@ -68,6 +68,20 @@ def _model_flag_to_launch(exc: BaseException) -> str | None:
     return f"hopbus launch takes no {name}: {why}"
 
 
+def _script_to_train(exc: BaseException, message: str) -> str:
+    """``hopbus train -- python train.py``: a script goes to hopbus launch, said so (click
+    would only say that the arguments were not expected)."""
+    ctx = getattr(exc, "ctx", None)
+    if getattr(getattr(ctx, "command", None), "name", "") == "train" and (
+        "unexpected extra argument" in message
+    ):
+        return (
+            f"{message}: hopbus train runs hopbus's own models (--model); your own script runs "
+            "with hopbus launch [flags] -- COMMAND ARGS..."
+        )
+    return message
+
+
 def _silence_stdout() -> None:
     """After stdout failed, point it at /dev/null so the interpreter's final flush is quiet."""
     try:
@@ -113,8 +127,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not _usage_error(exc):
             raise
         # an enum flag's value is checked by pydantic, whose words lead the line
-        message = _model_flag_to_launch(exc) or exc.format_message().replace(
-            ": Value error, ", ": ", 1
+        message = _model_flag_to_launch(exc) or _script_to_train(
+            exc, exc.format_message().replace(": Value error, ", ": ", 1)
         )
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)

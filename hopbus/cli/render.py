@@ -228,14 +228,12 @@ def summary(console: Console, s: dict[str, Any]) -> None:
         if drops:
             text = ", ".join(f"{k} {v}" for k, v in sorted(drops.items()))
             rows.append(("bad frames", f"dropped and counted: {text}"))
-        if s.get("final_accuracy") is not None:
-            rows.append(
-                (
-                    "model",
-                    f"final test accuracy {s['final_accuracy']:.4f}, loss "
-                    f"{s['final_loss']:.4f} (mean over workers)",
-                )
-            )
+        acc, loss = s.get("final_accuracy"), s.get("final_loss")
+        if acc is not None or loss is not None:  # a regression's script reports a loss only
+            said = [] if acc is None else [f"final test accuracy {acc:.4f}"]
+            if loss is not None:
+                said.append(f"{'loss' if said else 'final test loss'} {loss:.4f}")
+            rows.append(("model", f"{', '.join(said)} (mean over workers)"))
         if cfg.get("target_loss") is not None:
             ttt = s.get("time_to_target")
             rows.append(

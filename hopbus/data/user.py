@@ -30,9 +30,10 @@ def load_user_data(spec: str) -> Dataset:
     fn = load_callable(spec, "--data")
     got = call_user(fn, spec, "--data")
     if not isinstance(got, tuple | list) or len(got) != 4:
+        size = f" of {len(got)}" if isinstance(got, tuple | list) else ""
         raise DataError(
-            f"--data {spec!r} returned a {type(got).__name__}: expected (x_train, y_train, "
-            "x_test, y_test)"
+            f"--data {spec!r} returned a {type(got).__name__}{size}: expected 4 arrays, "
+            "(x_train, y_train, x_test, y_test)"
         )
     names = ("x_train", "y_train", "x_test", "y_test")
     x_train, y_train, x_test, y_test = (_array(v, n, spec) for v, n in zip(got, names, strict=True))

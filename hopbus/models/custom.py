@@ -126,6 +126,17 @@ def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> A
         params = {}  # type: ignore[assignment]
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
+    loose = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    unmet = [
+        n for n, p in params.items()
+        if p.default is inspect.Parameter.empty and p.kind not in loose and n not in kwargs
+    ]  # fmt: skip
+    if unmet:
+        gives = f"gives {', '.join(offered)} by name" if offered else "calls it with none"
+        raise ConfigError(
+            f"{flag} {spec!r} needs the argument {unmet[0]!r}, which hopbus does not give (it "
+            f"{gives}; the function takes those it names)"
+        )
     try:
         with native_notices_hidden():  # building a Keras model starts TensorFlow's runtime
             return fn(**kwargs)

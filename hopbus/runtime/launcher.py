@@ -297,9 +297,15 @@ def _why(p: Proc, code: int | None) -> str:
     line = _last_line(p.log)
     if not line:
         return f"{p.name} exited with status {code} (see {p.log})"
-    if line.startswith((f"{p.name}:", f"{p.name} ", f"{p.name}'s")):
+    return _named(p.name, line)
+
+
+def _named(name: str, line: str) -> str:
+    """``line`` said of node ``name``: as it is if it names it first (``worker 0 waited ...``),
+    else after its name (a line of hopbus's API in a script, which names no worker)."""
+    if line.startswith((f"{name}:", f"{name} ", f"{name}'s")):
         return line
-    return f"{p.name}: {line}"  # a line of hopbus's API in a script, which names no worker
+    return f"{name}: {line}"
 
 
 class Launcher:
@@ -1176,7 +1182,7 @@ class Watcher(Launcher):
             if kind in SAYS_WHY_GONE and who is not None and 0 <= who < n + (ps is not None):
                 # anything that can write the stream can write this: it says why a node is
                 # gone once its heartbeat is, and never makes a live one gone
-                self._said.setdefault(who, f"{self._name(who)}: {rec.get('message') or 'failed'}")
+                self._said.setdefault(who, _named(self._name(who), rec.get("message") or "failed"))
             elif kind == JOIN_FAILED and who is not None and 0 <= who < n:
                 self._joining_failed(who, rec.get("message") or "failed")
         failure = self._empty_places()

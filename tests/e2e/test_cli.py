@@ -293,13 +293,20 @@ def test_your_own_model_and_data_that_cannot_be_used_are_one_line(tmp_path):
         "def model():\n    return 'a string'\n"
         "def data():\n    return np.zeros((4, 2)), np.zeros(4)\n"
         "def broken():\n    raise KeyError('no such layer')\n"
+        "def asks(num_classes):\n    return None\n"
     )
     cases = [
         (["--model", "nosuchmodule_hopbus:build"], "no module named 'nosuchmodule_hopbus'"),
         (["--model", "mine:absent"], "module 'mine' has no 'absent'"),
         (["--model", "mine:model"], "returned a str: expected a compiled Keras model"),
         (["--model", "mine:broken"], "raised KeyError: 'no such layer'"),
-        (["--data", "mine:data"], "returned a tuple: expected (x_train, y_train, x_test, y_test)"),
+        (["--data", "mine:data"], "returned a tuple of 2: expected 4 arrays, (x_train, y_train"),
+        (
+            ["--model", "mine:asks"],
+            "needs the argument 'num_classes', which hopbus does not give (it gives n_features, "
+            "n_classes, input_shape by name",
+        ),
+        (["--data", "mine:asks"], "needs the argument 'num_classes', which hopbus does not give"),
         (["--model", "mine.py:model", "--mode", "ps-bsp"], "returned a str"),
         (["--model", "not a spec"], "unknown model"),
     ]
@@ -310,3 +317,12 @@ def test_your_own_model_and_data_that_cannot_be_used_are_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("hopbus: error: "), (flags, p.stderr)
         assert expected in lines[0], (flags, lines[0])
     assert not list(tmp_path.glob("runs/*")), "nothing was started"
+
+
+def test_a_script_given_to_train_points_to_launch():
+    p = hopbus("train", "--", "python", "loop.py")
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("hopbus: error: Got unexpected extra argument") and (
+        "your own script runs with hopbus launch [flags] -- COMMAND ARGS..." in line
+    ), line

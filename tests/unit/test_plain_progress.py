@@ -11,13 +11,22 @@ from rich.console import Console
 from hopbus.cli import live
 
 
-def _launcher(iteration: int) -> SimpleNamespace:
+CFG = SimpleNamespace(iterations=100, topology="ring", mode="standard", slowdown="none")
+HEAD = (
+    "hopbus: run r1: 2 workers, ring, standard, slowdown none; hopbus inspect --run r1 "
+    "--redis redis://127.0.0.1:6390/0"
+)  # the first line: where to look at the run from another terminal
+
+
+def _launcher(iteration: int | None) -> SimpleNamespace:
     views = [SimpleNamespace(iteration=iteration, loss=0.5) for _ in range(2)]
     return SimpleNamespace(
         notes=[],
-        replay=SimpleNamespace(views=views),
+        replay=None if iteration is None else SimpleNamespace(views=views),
         keys=SimpleNamespace(run="r1"),
-        cfg=SimpleNamespace(iterations=100),
+        cfg=CFG,
+        topo=SimpleNamespace(n=2),
+        url="redis://127.0.0.1:6390/0",
     )
 
 
@@ -29,7 +38,8 @@ def test_a_run_that_does_not_move_gets_one_line_a_minute(monkeypatch):
         for second in range(0, 181):  # 3 minutes, stuck at iteration 7 after the first 10 s
             clock[0] = 1000.0 + second
             display.update(_launcher(min(second, 7)))
-    lines = out.getvalue().splitlines()
+    head, *lines = out.getvalue().splitlines()
+    assert head == HEAD
     assert lines[0] == "hopbus: run r1: iterations 0..0 of 100, mean loss 0.5000"
     assert lines[1] == "hopbus: run r1: iterations 5..5 of 100, mean loss 0.5000"
     assert lines[2] == "hopbus: run r1: iterations 7..7 of 100, mean loss 0.5000"
@@ -45,11 +55,11 @@ def test_a_watch_of_workers_that_never_start_says_so(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
     out = io.StringIO()
-    waiting = SimpleNamespace(notes=[], replay=None, keys=SimpleNamespace(run="r1"))
+    waiting = _launcher(None)
     with live.Display(Console(file=out, force_terminal=False, width=200)) as display:
         for second in range(0, 131):
             clock[0] = 1000.0 + second
             display.update(waiting)
-    assert out.getvalue().splitlines() == [
-        f"hopbus: run r1: no worker has started yet ({s} s)" for s in (5, 65, 125)
+    assert out.getvalue().splitlines() == [HEAD] + [
+        f"hopbus: run r1: no worker has finished an iteration yet ({s} s)" for s in (5, 65, 125)
     ]

@@ -51,3 +51,26 @@ def test_the_printed_summary_names_the_workers_a_run_went_on_without():
     text = console.export_text()
     assert "lost workers" in text and "worker 1 in iteration 5" in text, text
     assert "went on without them" in text
+
+
+def test_the_summary_table_shows_a_final_loss_without_an_accuracy():
+    """A regression's script reports a test loss and no accuracy: the model row says the
+    loss; with both, both; with neither, no row."""
+    from rich.console import Console
+
+    from hopbus.cli import render
+    from hopbus.config import RunConfig, make_config
+    from hopbus.sim.run import simulate
+
+    _, _, s = simulate(make_config({"workers": 4, "iterations": 5}, cls=RunConfig))
+    s["virtual"] = False
+    for acc, loss, said in (
+        (None, 0.0108, "final test loss 0.0108 (mean over workers)"),
+        (0.96, 0.12, "final test accuracy 0.9600, loss 0.1200 (mean over workers)"),
+        (None, None, None),
+    ):
+        s["final_accuracy"], s["final_loss"] = acc, loss
+        console = Console(record=True, width=200)
+        render.summary(console, s)
+        text = console.export_text()
+        assert (said in text) if said else ("final test" not in text), text
