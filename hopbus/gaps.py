@@ -80,6 +80,7 @@ class GapMonitor:
         self.violations = 0
         self.first_violation: Violation | None = None
         self._over: set[tuple[int, int]] = set()  # (i, j): Iter(i) - Iter(j) over the edge's limit
+        self._unsure: set[int] = set()  # placed after lost entries: no gap judged with them
 
     def _set_edges(self) -> None:
         """Each worker's edges between live workers, and its tightest limit on leading one."""
@@ -91,8 +92,21 @@ class GapMonitor:
         self._neighbours = [tuple(e[0] for e in edges) for edges in self._edges]
         self._lead_limit = [min((e[1] for e in edges), default=math.inf) for edges in self._edges]
 
-    def enter(self, worker: int, iteration: int) -> None:
-        """``worker`` is now in ``iteration`` (never lower than before)."""
+    def place(self, worker: int, iteration: int) -> None:
+        """``worker`` is in ``iteration``, as an entry that follows entries of it that were
+        lost says (deleted from the stream before it was read): no gap with it is judged until
+        its next step confirms where it is (an entry written out of turn must not fake a
+        broken bound)."""
+        self._move(worker, iteration)
+        self.doubt(worker)
+
+    def doubt(self, worker: int) -> None:
+        """Entries of ``worker`` may have been lost: no gap with it is judged until its next
+        step says where it is (its last known iteration may be behind where it is)."""
+        self._unsure.add(worker)
+        self._over = {(i, j) for i, j in self._over if worker not in (i, j)}
+
+    def _move(self, worker: int, iteration: int) -> None:
         it = self._it
         old = it[worker]
         it[worker] = iteration
@@ -106,11 +120,19 @@ class GapMonitor:
             while m not in count:
                 m += 1
             self._min = m
+
+    def enter(self, worker: int, iteration: int) -> None:
+        """``worker`` is now in ``iteration`` (never lower than before)."""
+        unsure = self._unsure
+        if unsure:
+            unsure.discard(worker)  # its step confirms where it is
+        self._move(worker, iteration)
         if self.resyncing:
             return
         lead = iteration - self._min
         self.max_any = max(self.max_any, lead)
-        adj = max((iteration - it[j] for j in self._neighbours[worker]), default=0)
+        it, peers = self._it, self._neighbours[worker]
+        adj = max((iteration - it[j] for j in peers if j not in unsure), default=0)
         self.max_adjacent = max(self.max_adjacent, adj)
         if self._over or adj > self._lead_limit[worker]:
             self._recheck(worker, iteration)
@@ -154,16 +176,18 @@ class GapMonitor:
 
     def _recount(self) -> None:
         """Every edge's over-the-limit flags, afresh (after the live workers changed)."""
-        it = self._it
+        it, unsure = self._it, self._unsure
         self._over = {
             (i, j) for i, edges in enumerate(self._edges) for j, lead, _ in edges
-            if it[i] - it[j] > lead
+            if it[i] - it[j] > lead and i not in unsure and j not in unsure
         }  # fmt: skip
 
     def _recheck(self, worker: int, iteration: int) -> None:
         """Which of ``worker``'s edges are over their limit now, in either direction."""
-        it, over = self._it, self._over
+        it, over, unsure = self._it, self._over, self._unsure
         for j, lead, trail in self._edges[worker]:
+            if j in unsure:
+                continue
             gap = iteration - it[j]
             if gap > lead:
                 over.add((worker, j))

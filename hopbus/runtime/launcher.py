@@ -300,6 +300,14 @@ def _why(p: Proc, code: int | None) -> str:
     return _named(p.name, line)
 
 
+def _stream_id(value: Any) -> tuple[int, int]:
+    """A stream entry id (``ms-seq``) as a pair to compare, (0, 0) for anything else."""
+    text = read.text(value, 60) or ""
+    ms, _, seq = text.partition("-")
+    a, b = read.integer(ms), read.integer(seq or "0")
+    return (a, b) if a is not None and b is not None else (0, 0)
+
+
 def _named(name: str, line: str) -> str:
     """``line`` said of node ``name``: as it is if it names it first (``worker 0 waited ...``),
     else after its name (a line of hopbus's API in a script, which names no worker)."""
@@ -353,6 +361,8 @@ class Launcher:
         self.unanswered: Exception | None = None  # a read of _poll's that Redis did not answer
         self.epoch = ""  # the broker instance it reads (Redis's run id): _check_broker
         self._cut = False  # the progress stream was trimmed before this reader began
+        self._last_fed: dict[int, tuple[int, int]] = {}  # worker -> its last entry replayed
+        self._horizon = (0, 0)  # the newest id under which entries were lost (_loss_horizon)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -717,13 +727,41 @@ class Launcher:
             self.replay = self._new_replay(start)
         self.malformed += sum(rec is None for _, rec in entries)
         parsed = [(i, rec) for i, rec in entries if rec is not None]
-        for _, rec in self._credible(parsed):
-            fed = self.replay.feed(rec)
+        horizon = self._loss_horizon() if parsed else (0, 0)
+        if horizon > self._horizon:  # entries deleted since the last look: whose, unknown
+            self._horizon = horizon
+            n = self.topo.n
+            self.replay.doubt(w for w in range(n) if self._last_fed.get(w, (0, 0)) < horizon)
+        for entry_id, rec in self._credible(parsed):
+            at = _stream_id(entry_id)
+            fed = self.replay.feed(rec, lost_before=at <= self._horizon)
+            if fed is not None:
+                self._last_fed[rec["worker"]] = at
             if fed is not None:
                 if self.t_offset:  # a resumed run's time goes on from where its file ends
                     fed["t"] = round(fed["t"] + self.t_offset, 6)
                 metrics.write(dumps(fed) + "\n")
         return True
+
+    def _loss_horizon(self) -> tuple[int, int]:
+        """The newest id of the progress stream under which entries were deleted (XDEL) or
+        trimmed away while the stream held newer ones (Redis 7's XINFO STREAM says both): a
+        worker whose last entry read lies below it may have lost entries this reader never
+        saw (``Replay.doubt``): no gap with it is judged until its next step, and its next
+        entry is taken where it puts it, not refused for the steps it skips. (0, 0) where
+        nothing was lost or Redis cannot tell."""
+        try:
+            info = self.r.xinfo_stream(self.keys.progress)
+        except redis.ResponseError:  # no stream, or another type: the reads say so
+            return (0, 0)
+        deleted = _stream_id(info.get("max-deleted-entry-id"))
+        first = info.get("first-entry")
+        first_id = _stream_id(first[0]) if isinstance(first, list | tuple) and first else (0, 0)
+        trimmed = (first_id[0], first_id[1] - 1) if first_id[1] else (first_id[0] - 1, 2**63)
+        added = read.integer(info.get("entries-added"))
+        length = read.integer(info.get("length"))
+        cut = added is not None and length is not None and added > length
+        return max(deleted, trimmed if cut else (0, 0))
 
     def _credible(
         self, entries: list[tuple[str, dict[str, Any]]]
@@ -1034,6 +1072,13 @@ class Launcher:
                 f"refused {refused['progress_entries']} progress entries and "
                 f"{refused['final_reports']} final reports found in Redis that no worker of "
                 "this run wrote as they stand (malformed, ahead of their worker, or forged)"
+            )
+        summary["progress_missed"] = self.replay.missed
+        if self.replay.missed:
+            self.notes.append(
+                f"{self.replay.missed} times a worker's progress entries were deleted from the "
+                "stream before this reader read them: each time, it was placed where its next "
+                "entry put it, no gap judged with it until its next step"
             )
         if self.resume_from is not None:
             summary["resumed_from"] = self.resume_from

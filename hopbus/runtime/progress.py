@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
 from hopbus.modes import Family, Mode
-from hopbus.summary import RunStats, progress_summary
+from hopbus.summary import MAX_RUN_S, RunStats, progress_summary
 from hopbus.topology import GapSetting, Topology
 
 _INTS = ("worker", "iter", "jump", "dead", "rejoin", "restore")
@@ -29,6 +30,9 @@ _INTS = ("worker", "iter", "jump", "dead", "rejoin", "restore")
 MARKERS = ("dead", "rejoin", "restore")
 _FLOATS = ("t", "loss", "compute_s", "wait_s", "eval_loss", "eval_accuracy", "accuracy")
 _EVENT_INTS = ("worker", "iter", "iteration", "incarnation", "by")
+CLOCK_SKEW_S = 3600.0
+"""How far before the run's first start an entry's time may lie (a worker on a machine whose
+clock is behind): beyond that, or beyond MAX_RUN_S after it, no worker of the run wrote it."""
 
 
 def parse_entry(fields: dict[bytes, bytes]) -> dict[str, Any] | None:
@@ -48,9 +52,19 @@ def parse_entry(fields: dict[bytes, bytes]) -> dict[str, Any] | None:
             rec[name] = read.int_list(v, read.MAX_INT)
         else:
             rec[name] = read.text(v, 200)
-        if rec[name] is None:
+        if rec[name] is None or not _plausible(name, rec[name]):
             return None
     return rec if "worker" in rec and "iter" in rec else None
+
+
+def _plausible(name: str, value: Any) -> bool:
+    """A value a worker could have written under ``name``: accuracies are fractions, times
+    spent are finite and not negative (a loss may be anything: divergence is a fact)."""
+    if name in ("eval_accuracy", "accuracy"):
+        return 0.0 <= value <= 1.0
+    if name in ("compute_s", "wait_s"):
+        return math.isfinite(value) and value >= 0.0
+    return True
 
 
 def parse_event(fields: dict[bytes, bytes]) -> dict[str, Any]:
@@ -156,21 +170,26 @@ class Replay:
         self.entries = 0
         self.out_of_order = 0  # entries that moved no live worker forward (must stay 0)
         self.wait_s = 0.0  # summed over every entry: time workers spent blocked
-        self._unrestored: set[int] | None = None  # after a broker restart: not yet restored
+        self._unplaced: set[int] | None = None  # in a resync: workers not yet placed again
+        self.resyncs = 0  # restore entries that began a resync (a broker restarted)
+        self.missed = 0  # entries placed after lost ones (deleted before they were read)
+        self._doubted: set[int] = set()  # workers whose entries may have been lost (doubt)
         if start:
             self.monitor.start_at(start)
             self.stats.start_at(start)
             for view in self.views:
                 view.iteration = start
 
-    def credible(self, rec: dict[str, Any]) -> bool:
+    def credible(self, rec: dict[str, Any], *, lost_before: bool = False) -> bool:
         """Whether ``rec`` could have been written by one of the run's workers: a worker id of
         the run, an iteration of the run, a finite time, and for a step, one that starts where
-        that worker is (a jump of J moves it J, any other step 1). What fails is counted in
-        ``rejected`` and not replayed: a forged or garbled entry must not fake a gap."""
+        that worker is (a jump of J moves it J, any other step 1), or where entries before it
+        may have been lost (``lost_before``, ``doubt``), any step forward. What fails is
+        counted in ``rejected`` and not replayed: a forged or garbled entry must not fake a
+        gap."""
         w, it = rec["worker"], rec["iter"]
         ok = 0 <= w < self.topo.n and (self.iterations is None or it <= self.iterations)
-        ok = ok and math.isfinite(rec.get("t", self.t0))
+        ok = ok and -CLOCK_SKEW_S <= rec.get("t", self.t0) - self.t0 <= MAX_RUN_S
         if ok and not any(rec.get(m) for m in MARKERS):
             step = rec.get("jump") or 1
             v = self.views[w]
@@ -178,15 +197,31 @@ class Replay:
                 self._unseen.discard(w)
                 v.iteration = it - step
                 self.stats.iterations[w] = it - step
-            ok = it == v.iteration + step or self.monitor.resyncing or w in self.monitor.gone
+            placing = self._unplaced is not None and w in self._unplaced
+            ok = it == v.iteration + step or w in self.monitor.gone
+            ok = ok or ((placing or lost_before or w in self._doubted) and it > v.iteration)
         if not ok:
             self.rejected += 1
         return ok
 
-    def feed(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+    def doubt(self, workers: Iterable[int]) -> None:
+        """Entries of ``workers`` may have been deleted from the stream before this reader
+        read them (the launcher asks Redis): no gap with them is judged until their next
+        step, and the next entry of each, however far ahead of what was read, places it
+        there (``GapMonitor.place``; counted in ``missed`` where it skipped steps)."""
+        for w in workers:
+            if 0 <= w < self.topo.n and w not in self.monitor.gone:
+                self._doubted.add(w)
+                self.monitor.doubt(w)
+
+    def feed(self, rec: dict[str, Any], *, lost_before: bool = False) -> dict[str, Any] | None:
         """Take one entry; returns it with ``t`` relative to the run's start (None if it is
-        not ``credible``)."""
-        if not self.credible(rec):
+        not ``credible``). ``lost_before``: entries before it in the stream may have been
+        deleted before this reader read them (the launcher asks Redis), so no position read
+        so far is sure: it places its worker (``GapMonitor.place``), no gap judged with it
+        until its next step, however far ahead of what was read it is (counted in ``missed``
+        where it skipped steps)."""
+        if not self.credible(rec, lost_before=lost_before):
             return None
         w, it = rec["worker"], rec["iter"]
         t = rec.get("t", self.t0) - self.t0
@@ -196,16 +231,27 @@ class Replay:
             self._membership(rec, w, it, t)
             return rec
         if rec.get("restore"):
-            self._restored(w)
+            if self._unplaced is None:  # Redis restarted empty: the old stream's unread are lost
+                self.resync()
             if it <= v.iteration:  # nothing of it was lost with the old stream
-                self._resynced()
+                self._placed(w)
                 return rec
         if it <= v.iteration or w in self.monitor.gone:  # back, or still there after death
             self.out_of_order += 1
             return rec
         self.entries += 1
-        self.monitor.enter(w, it)
-        self.stats.enter(w, it, t)
+        step = rec.get("jump") or 1
+        contiguous = it == v.iteration + step
+        doubted = w in self._doubted
+        self._doubted.discard(w)
+        if (lost_before or (doubted and not contiguous)) and self._unplaced is None:
+            self.missed += not contiguous
+            self.monitor.place(w, it)
+            self._doubted.add(w)  # its next entry may follow lost ones too
+            (self.stats.enter if contiguous else self.stats.restart)(w, it, t)
+        else:
+            self.monitor.enter(w, it)
+            self.stats.enter(w, it, t)
         v.iteration, v.t = it, t
         v.loss = rec.get("loss", v.loss)
         v.wait_s = rec.get("wait_s", 0.0)
@@ -214,22 +260,32 @@ class Replay:
         if "eval_loss" in rec:
             v.eval_loss, v.eval_accuracy = rec["eval_loss"], rec.get("eval_accuracy")
             self._check_target(t)
-        if rec.get("restore"):
-            self._resynced()
+        self._placed(w)
         return rec
 
-    def _restored(self, w: int) -> None:
+    def resync(self) -> None:
         """A restore entry: Redis restarted empty, and entries the old stream held but this
-        reader had not read are gone. Until every live worker has said where it is, gaps are
-        not judged (a worker whose entries were lost would look behind where it is)."""
-        if self._unrestored is None:
-            self._unrestored = {i for i in range(self.topo.n) if i not in self.monitor.gone}
+        reader had not read are gone. Until every live worker that has not finished has
+        written again, gaps are not judged (a worker whose entries were lost would look
+        behind where it is), and each one's next entry, wherever ahead of what was read it
+        is, says where it is. Counted in ``resyncs``. A forged restore entry starts one too,
+        and it ends as soon as every worker has stepped once more."""
+        end = self.iterations
+        waiting = {
+            i for i, v in enumerate(self.views)
+            if i not in self.monitor.gone and (end is None or v.iteration < end)
+        }  # fmt: skip
+        self.resyncs += 1
+        if waiting:
+            self._unplaced = (self._unplaced or set()) | waiting
             self.monitor.resyncing = True
-        self._unrestored.discard(w)
 
-    def _resynced(self) -> None:
-        if self._unrestored is not None and not self._unrestored:
-            self._unrestored = None
+    def _placed(self, w: int) -> None:
+        if self._unplaced is None:
+            return
+        self._unplaced.discard(w)
+        if not self._unplaced:
+            self._unplaced = None
             self.monitor.end_resync()
 
     def _membership(self, rec: dict[str, Any], w: int, it: int, t: float) -> None:
@@ -242,9 +298,7 @@ class Replay:
             gone.add(w)
             self.monitor.remove(w, bounds_without(self.topo, self.setting, gone))
             self.lost.append({"worker": w, "iteration": it, "t": round(t, 6)})
-            if self._unrestored is not None:  # it will not restore
-                self._unrestored.discard(w)
-                self._resynced()
+            self._placed(w)  # in a resync: it will not write again
             return
         gone.discard(w)
         self.monitor.rejoin(w, it, bounds_without(self.topo, self.setting, gone))

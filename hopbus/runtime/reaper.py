@@ -85,19 +85,27 @@ def stop_all(grace_s: float, *, keep: int | None = None) -> list[int]:
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     left = found
-    while left and time.monotonic() < deadline:
-        if keep is None:
-            _reap()
-        time.sleep(0.05)  # polling processes that are no children of a Popen of ours
-        alive = set(descendants())
-        left = [pid for pid in left if pid in alive]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    try:
+        while left and time.monotonic() < deadline:
+            if keep is None:
+                _reap()
+            time.sleep(0.05)  # polling processes that are no children of a Popen of ours
+            alive = set(descendants())
+            left = [pid for pid in left if pid in alive]
+    except KeyboardInterrupt:  # told to stop now (Ctrl-C, SIGTERM): no grace left, no orphan
+        _kill([*left, *descendants()])
+        raise
+    _kill(left)
     if keep is None:
         time.sleep(0.05 if left else 0.0)  # SIGKILL is not instant; reap what it ended
         _reap()
     return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 __all__ = ["become_subreaper", "descendants", "stop_all"]

@@ -34,8 +34,11 @@ import numpy as np
 import hopbus
 
 fault, who = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else -1
-if fault == "daemon" and os.fork() == 0:  # a daemon: it leaves its session, forks again
+if fault in ("daemon", "deaf_daemon") and os.fork() == 0:  # it leaves its session, forks
     os.setsid()
+    if fault == "deaf_daemon":  # and ignores SIGTERM (kept across exec)
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.fork() == 0:
         sleep = [sys.executable, "-c", "import time; time.sleep(600)", sys.argv[3]]
         os.execv(sys.executable, sleep)
@@ -528,6 +531,39 @@ def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, scrip
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     wait_for(lambda: not processes_mentioning(str(script)), 30, "the scripts to stop")
+
+
+def test_ctrl_c_while_a_worker_waits_for_what_its_script_left_orphans_nothing(
+    redis_url, tmp_path, script
+):
+    """Fault ``deaf_daemon``: each script leaves a daemon behind that ignores SIGTERM, and
+    exits; its hopbus worker gives the daemon its grace before SIGKILL. A Ctrl-C of the
+    launcher in that grace (the scripts' results are in: the run ends as finished) stops the
+    daemons at once rather than leave them to init."""
+    mark = f"hopbus-test-deaf-{os.getpid()}"
+    run = f"deaf{os.getpid()}"
+    out = tmp_path / "r"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), "-n",
+                       "2", "--topology", "ring", "--iterations", "5")  # fmt: skip
+    proc = subprocess.Popen([*args, "--", sys.executable, str(script), "deaf_daemon", "-1", mark],
+                            env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    logs = [out / "logs" / f"worker-{i}.log" for i in range(2)]
+
+    def scripts_done() -> bool:  # exited, their hopbus worker processes still there
+        said = [p.read_text() if p.exists() else "" for p in logs]
+        ours = set(processes_mentioning(f"hopbus worker --run {run}"))
+        ours |= set(processes_mentioning(f"hopbus launch --redis {redis_url} --run {run}"))
+        return all("finished" in t for t in said) and (
+            set(processes_mentioning(str(script))) == ours and len(ours) == 3
+        )
+
+    wait_for(scripts_done, 120, "the scripts to finish and exit, leaving their daemons")
+    assert processes_mentioning(mark), "the daemons are in their grace"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    wait_for(lambda: not processes_mentioning(mark), 10, "the daemons to be gone")
 
 
 def test_a_script_that_lingers_after_its_part_is_named(redis_url, tmp_path, script):

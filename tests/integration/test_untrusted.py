@@ -5,7 +5,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
-``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``.
+``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``.
 """
 
 from __future__ import annotations
@@ -264,6 +264,31 @@ def test_a_forged_floor_holds_back_no_update(redis_url, redis_client, tmp_path):
     s = json.loads(out)
     assert s["finished"] and s["violations"] == 0 and s["lost_workers"] == []
     assert sum(w.get("floors_refused", 0) for w in s["per_worker"]) > 0, s["per_worker"]
+
+
+def test_deleted_progress_entries_fake_no_broken_bound(redis_url, redis_client, tmp_path):
+    """Fault ``deleted_progress``: entries deleted from a finished run's progress stream
+    (XDEL of worker 1's entry of iteration 10, and of worker 2's of 20) before hopbus watch
+    reads it. Redis tells the reader that entries were deleted; the workers they belonged to
+    are placed where their next entries put them, with no gap judged meanwhile: no broken
+    bound, no refused entry, every worker at the run's end, the losses counted."""
+    proc, run, keys = _start(redis_url, tmp_path, "-n", "3", "--topology", "complete",
+                             "--iterations", "60", "--eval-every", "0")  # fmt: skip
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and json.loads(out)["violations"] == 0, err
+    for worker, it in ((1, 10), (2, 20)):
+        (entry_id,) = [
+            i for i, f in redis_client.xrange(keys.progress)
+            if f.get(b"worker") == str(worker).encode() and f.get(b"iter") == str(it).encode()
+        ]  # fmt: skip
+        redis_client.xdel(keys.progress, entry_id)
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out",
+                   str(tmp_path / "w"), "--json", timeout=120)  # fmt: skip
+    assert watch.returncode == 0, watch.stderr
+    w = json.loads(watch.stdout)
+    assert w["finished"] and w["violations"] == 0 and w["iterations"]["min"] == 60
+    assert w["refused"]["progress_entries"] == 0 and w["progress_missed"] == 2
+    assert "were deleted from the stream before this reader read them" in watch.stderr
 
 
 def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):

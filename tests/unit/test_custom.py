@@ -156,7 +156,7 @@ def test_user_data_is_checked(tmp_path):
     f = load_dataset(f"{path}:floats")
     assert f.y_train.dtype == np.float32 and f.n_classes == 0
     for name, expected in [
-        ("three", "expected \\(x_train, y_train, x_test, y_test\\)"),
+        ("three", "expected 4 arrays, \\(x_train, y_train, x_test, y_test\\)"),
         ("short", "x_train has 20 rows and y_train 10"),
         ("nan", "x_train row 7 holds a value that is not finite"),
         ("negative", "integer labels must be 0..C-1, found -1"),

@@ -10,7 +10,6 @@ from rich.console import Console
 
 from hopbus.cli import live
 
-
 CFG = SimpleNamespace(iterations=100, topology="ring", mode="standard", slowdown="none")
 HEAD = (
     "hopbus: run r1: 2 workers, ring, standard, slowdown none; hopbus inspect --run r1 "

@@ -64,3 +64,50 @@ def test_a_worker_that_dies_instead_of_restoring_ends_the_wait_for_it():
         ]
     )
     assert not r.monitor.resyncing and r.monitor.gone == {2}
+
+
+def test_a_forged_restore_entry_ends_its_resync_and_fakes_nothing():
+    """Fault ``forged_restore``: a restore entry no restart caused, then a step back that
+    no worker wrote. The step back is refused (not a progress_out_of_order), and the resync
+    the restore began ends once every worker has stepped again: a break after it counts."""
+    r = _replay(
+        [
+            *BEFORE,
+            {"worker": 0, "iter": 5, "restore": 1},
+            *_steps((1, 3)),  # forged: behind where worker 1 is
+            *_steps((2, 6), (0, 6), (1, 7)),
+        ]
+    )
+    assert r.out_of_order == 0 and r.rejected == 1 and not r.monitor.resyncing
+    r.feed({"worker": 1, "iter": 8, "t": 99.0})  # 2 ahead of worker 2: a real break
+    assert r.monitor.violations == 1
+
+
+def test_a_worker_whose_entries_were_deleted_is_placed_not_frozen():
+    """Fault ``deleted_progress``: worker 1's entry of iteration 3 was deleted before the
+    reader read it, which the reader learns (from Redis) before reading on. Until worker 1's
+    next entry, no gap with it is judged (it looks behind where it is); that entry, of
+    iteration 4, places it: no violation, no refusal, and later steps are judged as before."""
+    entries = _steps(*((w, k) for k in range(1, 5) for w in range(3) if (w, k) != (1, 3)))
+    r = Replay(complete3(), ProtocolSettings(max_ig=3).gap_setting, t0=0.0)
+    for t, rec in enumerate(entries, start=1):
+        if rec == {"worker": 0, "iter": 3}:
+            r.doubt([1, 2])  # whose entries were deleted, the reader cannot tell
+        r.feed({**rec, "t": float(t)})
+    assert r.monitor.violations == 0 and r.rejected == 0 and r.missed == 1
+    assert [v.iteration for v in r.views] == [4, 4, 4]
+    r.feed({"worker": 0, "iter": 5, "t": 50.0})
+    r.feed({"worker": 0, "iter": 6, "t": 51.0})  # 2 ahead of 1 and 2: judged again
+    assert r.monitor.violations == 1
+
+
+def test_an_entry_placed_out_of_turn_fakes_no_break():
+    """An entry written out of turn (forged at iteration 9, where worker 1's counter will be
+    by the time it is read) after a deletion: it places worker 1 but no gap with it is
+    judged until its next step, so the others' steps are no break."""
+    r = _replay(BEFORE)
+    r.doubt([0, 1, 2])
+    r.feed({"worker": 1, "iter": 9, "t": 40.0})
+    for t, (w, it) in enumerate(((0, 6), (2, 6), (0, 7), (2, 7)), start=41):
+        r.feed({"worker": w, "iter": it, "t": float(t)})
+    assert r.monitor.violations == 0 and r.missed == 1
