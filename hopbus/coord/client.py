@@ -100,6 +100,9 @@ def _secrets(url: str) -> list[str]:
     if at != -1:
         user, colon, password = _userinfo(url, at).lstrip("/").partition(":")
         found.append(password if colon else user)
+    with contextlib.suppress(ValueError):  # redis-py also takes ?password=
+        query = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+        found += [v for n, v in query if n == "password"]
     return [s for s in found if len(s) >= 4]
 
 
@@ -122,10 +125,11 @@ def check_url(url: str) -> None:
     shown_url = redact(url.partition("?")[0])  # the query may say what is wrong: left out
     if parts.scheme != "unix":
         db = parts.path.lstrip("/")
-        if db and not db.isdigit():
+        if db and not db.isdigit():  # not quoted: it may be a password typed in its place
+            shown_host = redact(f"{parts.scheme}://{parts.netloc}")
             raise ConfigError(
-                f"--redis {shown_url!r}: the database after the port must "
-                "be a number (redis://host:port/0)"
+                f"--redis '{shown_host}/...': what follows the port must be a database number "
+                "(redis://host:port/0); it is not shown, in case it is a password"
             )
         if db and any(n == "db" and v != db for n, v in query):
             raise ConfigError(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hopbus.errors import ConfigError
 from hopbus.summary import RunStats, run_seconds
 from hopbus.topology.graphs import MAX_WORKERS
 
@@ -43,14 +44,32 @@ def read_metrics(path: Path, workers: int | None = None) -> list[dict[str, Any]]
     ``workers`` (the run's, or the most any graph has), an iteration, and a ``t`` in
     [0, MAX_RUN_S] where there is one. Lines that do not parse (a run cut short mid-line) or
     hold anything else (an edited file: a worker 10**9 would have every per-worker table sized
-    by it) are passed over; a missing file gives nothing."""
+    by it) are passed over; a missing file gives nothing. Only a regular file is read (not
+    a directory, /dev/zero or a FIFO that would block), line by line, a line at most
+    ``MAX_LINE`` characters (one without an end in sight is passed over)."""
+    if path.exists() and not path.is_file():
+        why = "is a directory" if path.is_dir() else "is not a regular file"
+        raise ConfigError(f"cannot read {str(path)!r}: {why}")
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        fh = path.open(errors="replace")
     except OSError:
         return []
     bound = workers if isinstance(workers, int) and workers > 0 else MAX_WORKERS
+    with fh:
+        return _entries(fh, bound)
+
+
+MAX_LINE = 1 << 20
+"""Characters of a metrics.jsonl line that are read (an entry is a few hundred)."""
+
+
+def _entries(fh: Any, bound: int) -> list[dict[str, Any]]:
     entries = []
-    for line in lines:
+    whole = True  # the line read last ended: the next read starts a line
+    for line in iter(lambda: fh.readline(MAX_LINE), ""):
+        starts, whole = whole, line.endswith("\n")
+        if not (starts and whole):
+            continue  # part of a line too long to be an entry
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):

@@ -34,7 +34,7 @@ from hopbus import __version__
 from hopbus.config import TrainConfig, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
-from hopbus.coord.client import attempts, check_url, connect, quick, redact
+from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
 from hopbus.coord.control import broker_id, taken
 from hopbus.coord.keys import FINISHED, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
 from hopbus.coord.runs import (
@@ -1017,6 +1017,8 @@ class Launcher:
         return results
 
     def _summary(self, failure: str | None) -> dict[str, Any]:
+        if failure is not None:  # it may quote what anything wrote into the run's keys
+            failure = scrub(failure, self.url)
         if self.replay is None:
             self.replay = self._new_replay(self.t_start)
         try:

@@ -5,6 +5,7 @@ metrics still plot; bad input is one line and status 2."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -134,6 +135,9 @@ def test_help_says_what_the_panels_show():
         ("group-of-a-run", "--group is for an experiment folder"),
         ("out-in-no-folder", "does not exist"),
         ("a-file", "is a file: give the folder that holds it"),
+        ("metrics-of-zeros", "metrics.jsonl': is not a regular file"),
+        ("metrics-fifo", "metrics.jsonl': is not a regular file"),
+        ("metrics-folder", "metrics.jsonl': is a directory"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -153,6 +157,16 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
         }.get(case, [])
+    elif case.startswith("metrics-"):  # faults ``endless_metrics``, ``metrics_fifo``
+        _copy(run_folder, path)
+        metrics = path / "metrics.jsonl"
+        metrics.unlink()
+        if case == "metrics-of-zeros":
+            metrics.symlink_to("/dev/zero")
+        elif case == "metrics-fifo":
+            os.mkfifo(metrics)
+        else:
+            metrics.mkdir()
     elif case == "a-file":
         _copy(run_folder, tmp_path / "r")
         path = tmp_path / "r" / "summary.json"

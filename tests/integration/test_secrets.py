@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 import zmq
-from cluster import acl_broker, clean_env, train_args
+from cluster import acl_broker, clean_env, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 from hopbus.transport.curve import generate
@@ -121,6 +121,26 @@ def test_no_password_or_secret_key_anywhere(broker, tmp_path):
     assert not leaks, leaks
 
 
+def test_a_stop_reason_that_holds_the_password_is_scrubbed_in_the_summary(broker, tmp_path):
+    """Fault ``secret_in_the_stop_key``: the stop key written by hand with the broker's
+    password in it. The run stops saying the reason, with the password as *** on the terminal
+    and in summary.json alike."""
+    _, url = broker
+    args, run_id = train_args(url, tmp_path / "run", "-n", "2", "--topology", "ring",
+                              "--iterations", "100000", "--iter-time", "0.02")  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())  # fmt: skip
+    client = redis.Redis.from_url(url)
+    keys = RunKeys(run_id)
+    wait_for(lambda: int(client.get(keys.iter(1)) or 0) >= 5, 120, "the run to start")
+    client.set(keys.stop, f"boom {PASSWORD}")
+    out, err = proc.communicate(timeout=120)
+    client.close()
+    assert proc.returncode == 1 and "boom ***" in err, err
+    summary = (tmp_path / "run" / "summary.json").read_text()
+    assert "boom ***" in summary and PASSWORD not in summary + out + err
+
+
 def test_a_mistyped_url_never_echoes_its_password():
     """``user:PASSWORD/0`` with the @host forgotten parses as host ``user``, port PASSWORD."""
     for url in (
@@ -136,6 +156,8 @@ def test_a_mistyped_url_never_echoes_its_password():
         "redis://127.0.0.1:1/0?ssl_cert_reqs=none",
         "redis://127.0.0.1:1/0?single_connection_client=1",
         f"redis://hopbus:{PASSWORD}@127.0.0.1:1/abc",  # a database that is not a number
+        f"redis://127.0.0.1:1/0&password={PASSWORD}",  # a query without its ?
+        f"redis://127.0.0.1:1/{PASSWORD}",  # the password where the database goes
         f"redis://hopbus:{PASSWORD}@127.0.0.1:1/0?db=1",  # two databases
     ):
         p = hopbus("inspect", "--list", HOPBUS_REDIS=url)
