@@ -1006,7 +1006,10 @@ class Launcher:
         results = self._reports()
         for i in range(self.topo.n):
             if i not in results:
-                stats = self.r.hgetall(self.keys.stats(i))
+                try:
+                    stats = self.r.hgetall(self.keys.stats(i))
+                except redis.ResponseError:  # another type there: no counters to show
+                    continue
                 counters = {}
                 for k, v in stats.items():
                     name, value = read.text(k, 64), read.integer(v)
@@ -1023,6 +1026,8 @@ class Launcher:
             self.replay = self._new_replay(self.t_start)
         try:
             results = {} if self.broker_gone else self._results()
+        except redis.ResponseError as exc:  # the reports' hash turned into another type
+            results, failure = {}, failure or self._refused(exc)
         except (redis.ConnectionError, redis.TimeoutError):  # Redis never came back: what the
             results = {}  # progress stream showed is all there is to summarize
         server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
@@ -1037,15 +1042,18 @@ class Launcher:
                 "they finished?); the workers' logs say how they ended"
             )
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
-        token_check = (
-            token_invariant_violations(
-                self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
+        try:
+            token_check = (
+                token_invariant_violations(
+                    self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
+                )
+                if finished and self.cfg.mode.is_hop
+                else None  # not looked at: a run that did not finish (queues mid-flight)
+                if not finished
+                else 0  # no token queues to look at
             )
-            if finished and self.cfg.mode.is_hop
-            else None  # not looked at: a run that did not finish (queues mid-flight)
-            if not finished
-            else 0  # no token queues to look at
-        )
+        except redis.ResponseError as exc:  # a token queue turned into another type
+            token_check, finished, failure = None, False, self._refused(exc)
         ends = [r["t"] for r in results.values() if "t" in r]
         wall = (max(ends) - self.replay.t0) if ends and finished else time.time() - self.replay.t0
         summary = summarize_run(
@@ -1107,7 +1115,7 @@ class Launcher:
                         "iteration": rec.get("iteration"),
                         "what": rec.get("what"),
                     }
-        except (redis.ConnectionError, redis.TimeoutError):
+        except redis.RedisError:  # gone, or the stream turned into another type: not known
             pass
         return None
 
@@ -1118,7 +1126,7 @@ class Launcher:
 
         try:
             raw = self.r.hgetall(self.keys.sketch)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except redis.RedisError:  # gone, or another type there: the distance is not known
             raw = {}
         sketches = {}
         for k, v in raw.items():

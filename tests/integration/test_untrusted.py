@@ -701,17 +701,21 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None
 
 
-def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp_path):
-    """The launcher's reads meet WRONGTYPE: one line, exit 1, and the record says failed, not
-    running. The stop key's text reaches the terminal without its control characters."""
-    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--iterations", "100000")
+@pytest.mark.parametrize("key", ["progress", "result", "events"])
+def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp_path, key):
+    """The launcher's reads meet WRONGTYPE (the progress stream, the reports' hash or the
+    events stream replaced by a string): one line, exit 1, the record says failed, not
+    running, and summary.json keeps what was read, as for any failed run. The stop key's text
+    reaches the terminal without its control characters."""
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--iterations", "300",
+                           "--iter-time", "0.01")  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
     try:
         wait_for(lambda: client.xlen(keys.progress) > 10, 60, "training to start")
-        client.delete(keys.progress)
-        client.set(keys.progress, "not a stream")
+        client.delete(getattr(keys, key))
+        client.set(getattr(keys, key), "not a stream")
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
