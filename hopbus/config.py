@@ -294,6 +294,12 @@ def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     msg = msg[0].lower() + msg[1:]
+    if not err["loc"]:  # a rule over the whole settings, whose message names the setting
+        named = msg.partition(":")[0]
+        src = from_file.get(named)
+        if src is not None:
+            return ConfigError(f"{src}: {msg}")
+        return ConfigError(f"{flag_of(named)}{msg[len(named) :]}" if named != msg else msg)
     name = f"{where}: {field}" if where else flag_of(field)
     return ConfigError(f"{name}: {msg} (got {err.get('input')!r})")
 

@@ -498,10 +498,14 @@ class Launcher:
                     client.delete(*stale)
 
     def _refused(self, exc: redis.ResponseError) -> str:
-        return (
-            f"Redis at {redact(self.url)} refused a read of the run's keys "
-            f"({read.refusal(exc)}): did something else write them?"
+        said = read.refusal(exc)
+        why = (
+            "the user in the URL may not touch this run's keys (a per-run user of another "
+            "run? docs/security.md)"
+            if said.startswith("NOPERM")
+            else "did something else write them?"
         )
+        return f"Redis at {redact(self.url)} refused a read of the run's keys ({said}): {why}"
 
     def _record_end(self, outcome: Outcome) -> None:
         """The run's recorded status at its end: this launcher ran it, so it says."""
@@ -926,6 +930,12 @@ class Launcher:
             try:
                 self.r.ping()
                 break
+            except redis.AuthenticationError as refused:  # back, with other credentials
+                return (
+                    f"Redis at {redact(self.url)} answers again but refuses this run's "
+                    f"credentials ({read.refusal(refused)}): was it restarted with another "
+                    "password or ACL file?"
+                )
             except (redis.ConnectionError, redis.TimeoutError):
                 if time.monotonic() < deadline:  # its reads may take a second each, too
                     _, failure = self._poll()

@@ -72,7 +72,9 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
     ) -> None:
         if isinstance(exc, redis.ResponseError):
             if "HOPBUS" not in str(exc):
-                raise RunFailure(f"{self.who}: Redis refused a command: {exc}") from None
+                raise RunFailure(
+                    f"{self.who}: Redis refused a command: {read.refusal(exc)}"
+                ) from None
             raise RunFailure(
                 f"{self.who} of run {self.run}: "
                 + str(exc).split("HOPBUS ", 1)[1]
