@@ -30,8 +30,8 @@ def test_defaults_and_topology_fills_in_workers():
         ({"staleness": 10**10, "mode": "staleness"}, "--staleness: input should be less"),
         ({"max_ig": 10**8}, "--max-ig: input should be less"),
         # a config file's boolean is no count (pydantic alone takes true as 1)
-        ({"iterations": True}, "iterations: expected a number, got true"),
-        ({"max_ig": False}, "max_ig: expected a number, got false"),
+        ({"iterations": True}, "--iterations: expected a number, got true"),
+        ({"max_ig": False}, "--max-ig: expected a number, got false"),
     ],
 )
 def test_bad_values_name_the_flag(values, match):
@@ -51,6 +51,10 @@ def test_values_from_a_file_name_the_file(tmp_path):
     assert values == {"mode": "backup", "max_ig": 10, "skip_max": -1}
     with pytest.raises(ConfigError, match=r"run.toml: skip_max: input should be"):
         make_config(values, dict.fromkeys(values, str(f)))
+    typed = {"iterations": True, "workers": 3}  # a boolean where a count goes: the file named
+    with pytest.raises(ConfigError) as got:
+        make_config(typed, dict.fromkeys(typed, str(f)))
+    assert str(got.value) == f"{f}: iterations: expected a number, got true"
     bad = tmp_path / "bad.toml"
     bad.write_text("mode = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
