@@ -128,13 +128,16 @@ def run_command(
     pump.start()
     try:
         code = proc.wait()
+        left = stop_all(STOP_GRACE_S)  # before the pump: a leftover may hold the script's stderr
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI's handler, or a launcher that died):
-        stop_all(STOP_GRACE_S, keep=proc.pid)  # the script stops too, and all it started
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(1.0)
+        if proc.poll() is None:  # the script stops too, with its grace, and all it started
+            stop_all(STOP_GRACE_S, keep=proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)
+        else:  # it had exited: what it left behind goes now, whenever the stop came
+            stop_all(0.0)
         _interrupted(redis_url, keys, worker)
         raise
-    left = stop_all(STOP_GRACE_S)  # before the pump: a leftover may hold the script's stderr
     if left:
         print(
             f"hopbus: worker {worker}: stopped {len(left)} process{'es' * (len(left) > 1)} "
