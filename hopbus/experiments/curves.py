@@ -28,6 +28,7 @@ from typing import Any
 from hopbus.errors import ConfigError
 from hopbus.summary import RunStats, run_seconds
 from hopbus.topology.graphs import MAX_WORKERS
+from hopbus.userfiles import not_regular
 
 #: Iterations the training-loss moving average spans.
 SMOOTHING = 5
@@ -47,8 +48,8 @@ def read_metrics(path: Path, workers: int | None = None) -> list[dict[str, Any]]
     by it) are passed over; a missing file gives nothing. Only a regular file is read (not
     a directory, /dev/zero or a FIFO that would block), line by line, a line at most
     ``MAX_LINE`` characters (one without an end in sight is passed over)."""
-    if path.exists() and not path.is_file():
-        why = "is a directory" if path.is_dir() else "is not a regular file"
+    why = not_regular(path)
+    if why is not None and why != "no such file":
         raise ConfigError(f"cannot read {str(path)!r}: {why}")
     try:
         fh = path.open(errors="replace")
