@@ -49,6 +49,11 @@ BASES = {  # the images' base: a setting (compose/.env), for hosts without a pub
     "cpu": "${BASE_IMAGE:-python:3.11-slim}",
     "gpu": "${GPU_BASE_IMAGE:-tensorflow/tensorflow:2.16.1-gpu}",
 }
+EXTRAS = {  # hopbus's extras in each image: not tf in the GPU one, whose base has TensorFlow
+    # for GPUs (tensorflow-cpu in its venv would hide it)
+    "cpu": "${EXTRAS-tf}",
+    "gpu": "${GPU_EXTRAS-}",
+}
 HOME = "/home/hopbus"
 RESULTS = f"{HOME}/runs"  # hopbus watch's default --out root in the images
 CODE = f"{HOME}/code"  # a user's MODULE:FUNCTION code folder, mounted in the images
@@ -124,7 +129,7 @@ def _hopbus(
             service["build"] = {
                 "context": "..",
                 "dockerfile": DOCKERFILES[kind],
-                "args": {"BASE_IMAGE": BASES[kind], "EXTRAS": "${EXTRAS-tf}"},
+                "args": {"BASE_IMAGE": BASES[kind], "EXTRAS": EXTRAS[kind]},
             }
         service["pull_policy"] = "build" if build else "never"
     service["entrypoint"] = ["hopbus-entry", command]

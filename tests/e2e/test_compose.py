@@ -138,6 +138,9 @@ def test_generate_mixes_cpu_and_gpu_workers_one_device_each():
     assert [d[0]["device_ids"] for d in devices] == [["0"], ["1"], ["2"]]
     assert all(d[0]["driver"] == "nvidia" and d[0]["capabilities"] == ["gpu"] for d in devices)
     assert _init_flag(compose, "--workers") == "5"
+    # the GPU image keeps its base's TensorFlow for GPUs: no tensorflow-cpu (the tf extra) over it
+    extras = {s["image"]: s["build"]["args"]["EXTRAS"] for s in services.values() if "build" in s}
+    assert extras == {"hopbus-worker:cpu": "${EXTRAS-tf}", "hopbus-worker:gpu": "${GPU_EXTRAS-}"}
     assert _init_flag(compose, "--mode") == "backup"
     # the broker is one definition: the generated file's is the hand-written file's
     assert services["redis"] == yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
