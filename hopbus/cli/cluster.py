@@ -284,7 +284,9 @@ def launch_cmd(**params: Any) -> None:
     hopbus launch -n 4 --mode backup -- python train.py --epochs 3
 
     Starts a private redis-server (unless --redis), records the run, starts the copies with the
-    environment hopbus.join() reads (HOPBUS_RUN, HOPBUS_REDIS, HOPBUS_ID), shows every worker's
+    environment hopbus.join() reads (HOPBUS_RUN, HOPBUS_REDIS, HOPBUS_ID; and, unless you set
+    them, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS at cores / N, so that N
+    copies of numpy or PyTorch do not each start a thread per core), shows every worker's
     progress, and writes the results folder as hopbus train does: config.toml, metrics.jsonl,
     summary.json, logs/worker-I.log (each copy's stdout and stderr) and tensorboard/. In the
     script: ctx = hopbus.join(), then model.fit(..., callbacks=[hopbus.keras.HopCallback(ctx)])

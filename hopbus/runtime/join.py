@@ -72,9 +72,7 @@ def worker_for(
         Family.ALLREDUCE: AllReduceWorker,
     }[cfg.mode.family]
     # checkpoints and replacements are the Hop worker's alone
-    own = {
-        k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin", "tensorboard") if k in kw
-    }
+    own = {k: kw.pop(k) for k in ("checkpoint_dir", "resume_from", "rejoin") if k in kw}
     if cls is Worker:
         node = Worker(run, worker, redis_url, client=client, **own, **kw)
         node.imports_code = not script

@@ -387,6 +387,7 @@ class Launcher:
             env[envvars.RESUME_FROM] = str(self.resume_from)
         env.update(given_env(self.cfg))  # the user's code it names: theirs to run (own_code)
         n = self.topo.n
+        env.update(envvars.thread_share(n, env))  # N copies on this machine's cores
         if self.cfg.mode.family is Family.PS:  # node N: the parameter server
             self._start(
                 ["ps", "--run", self.keys.run], logs / "ps.log", env, n, "the parameter server"

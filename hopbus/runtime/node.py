@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import zmq
@@ -39,6 +39,9 @@ from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
 from hopbus.transport.inbox import link_hold
 from hopbus.transport.outbox import COPY_BYTES
+
+if TYPE_CHECKING:
+    from hopbus.runtime.tensorboard import ScalarWriter
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
 
@@ -127,8 +130,12 @@ class Node:
         client: redis.Redis | None = None,
         device: str | None = None,
         curve: Path | None = None,
+        tensorboard: str | Path | None = None,
     ) -> None:
         self.keys = RunKeys(run)
+        # where its TensorBoard scalars go (worker-I/ under it): --tensorboard, or none
+        self.tensorboard_dir = Path(tensorboard) if tensorboard else None
+        self._board: ScalarWriter | None = None  # the related schemes' (progress_fields)
         self._curve_dir = curve  # --curve: the run's key folder; loaded once the config says
         self.curve_keys: CurveKeys | None = None
         self.node = node
@@ -503,12 +510,36 @@ class Node:
     def progress_fields(
         self, start: int, to: int, compute_s: float, wait_s: float, blocked_on: Sequence[int]
     ) -> dict[str, Any]:
-        """A progress entry for entering ``to`` from ``start``, from this node's trainer."""
+        """A progress entry for entering ``to`` from ``start``, from this node's trainer
+        (the related schemes' workers; a Hop worker's Session writes its own), and its
+        TensorBoard scalars."""
         t = self.trainer
-        return self.entry_fields(
+        fields = self.entry_fields(
             start, to, compute_s, wait_s, blocked_on, loss=t.loss, device=t.device,
             evaluate=t.evaluate,
         )  # fmt: skip
+        board = self._scalars()
+        if board is not None and ("eval_loss" in fields or board.due()):
+            board.add(
+                to,
+                {
+                    "train/loss": t.loss,
+                    "test/loss": fields.get("eval_loss"),
+                    "test/accuracy": fields.get("eval_accuracy"),
+                    "time/iteration_s": (compute_s + wait_s) / max(1, to - start),
+                    "time/blocked_s": wait_s,
+                },
+                keep="eval_loss" in fields,
+            )
+        return fields
+
+    def _scalars(self) -> ScalarWriter | None:
+        """This worker's TensorBoard writer, made at its first step (none without a folder)."""
+        if self._board is None and self.tensorboard_dir is not None:
+            from hopbus.runtime.tensorboard import ScalarWriter  # it logs through this module
+
+            self._board = ScalarWriter(self.tensorboard_dir / f"worker-{self.node}")
+        return self._board
 
     def entry_fields(
         self,
@@ -543,9 +574,13 @@ class Node:
         """Evaluate this node's trainer on the whole test set and publish its final report."""
         t = self.trainer
         loss, acc = t.evaluate(full=True)
-        return self.publish_worker_result(
+        result = self.publish_worker_result(
             iterations, cpu0, compute_s, loss=loss, accuracy=acc, device=t.device, params=t.params
         )
+        board = self._scalars()
+        if board is not None:
+            board.add(iterations, {"test/loss": loss, "test/accuracy": acc}, keep=True)
+        return result
 
     def publish_worker_result(
         self,
@@ -597,6 +632,8 @@ class Node:
         raise NotImplementedError
 
     def close(self) -> None:
+        if self._board is not None:
+            self._board.flush()
         if self.heartbeat is not None:
             self.heartbeat.stop()
             self._last_stats(self.heartbeat)

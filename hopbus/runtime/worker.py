@@ -82,12 +82,9 @@ class Worker(Node):
         checkpoint_dir: str | Path | None = None,
         resume_from: int | None = None,
         rejoin: bool = False,
-        tensorboard: str | Path | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(run, worker, redis_url, **kw)
-        # where its TensorBoard scalars go (worker-I/ under it): --tensorboard, or none
-        self.tensorboard_dir = Path(tensorboard) if tensorboard else None
         self.worker = worker
         self.rejoin = rejoin  # a replacement for this dead worker (hopbus worker --rejoin)
         self._joined = False  # once begin_rejoin let it in: what to undo if it fails

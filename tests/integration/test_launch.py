@@ -50,6 +50,7 @@ with hopbus.join() as ctx:
     rows = np.arange(1000)
     mine = ctx.shard(rows)
     print("shard", me, ",".join(map(str, mine[:5])), len(mine), flush=True)
+    print("threads", os.environ.get("OMP_NUM_THREADS"), flush=True)
     shape = (8, 4) if fault == "other_model" and me == who else (8, 3)
     rng = np.random.default_rng()  # no seed: every worker draws its own start
     target = np.full(shape, me, np.float32)  # each worker pulls toward its own id
@@ -140,6 +141,8 @@ def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
         starts.add(start)
         (shard,) = [line.split()[2:] for line in log.splitlines() if line.startswith("shard ")]
         shards.append(shard)
+        # its share of the cores for numpy's and PyTorch's thread pools, as torchrun gives
+        assert f"threads {max(1, len(os.sched_getaffinity(0)) // 4)}" in log.splitlines()
         assert f"worker {i} finished its part of run {run}" in log
         assert list((out / "tensorboard" / f"worker-{i}").glob("events.out.tfevents.*"))
     assert len(starts) == 1, "every worker starts from worker 0's parameters"

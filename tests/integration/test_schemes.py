@@ -72,6 +72,10 @@ def test_every_scheme_trains_digits(redis_url, tmp_path, mode):
         assert s["max_gap"]["any_pair"] <= 10
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == N * K - s["skipped_iterations"]
+    for i in range(N):  # every worker's TensorBoard scalars, as in the Hop modes
+        (path,) = (tmp_path / "run" / "tensorboard" / f"worker-{i}").glob("events.out.tfevents.*")
+        events = path.read_bytes()
+        assert all(t in events for t in (b"train/loss", b"test/accuracy", b"time/blocked_s"))
 
 
 def test_backup_workers_drop_a_stragglers_gradients(redis_url, tmp_path):
