@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 import zmq
@@ -35,13 +35,11 @@ from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
 from hopbus.runtime.own_code import require_given
+from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
 from hopbus.transport.inbox import link_hold
 from hopbus.transport.outbox import COPY_BYTES
-
-if TYPE_CHECKING:
-    from hopbus.runtime.tensorboard import ScalarWriter
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
 
@@ -520,24 +518,13 @@ class Node:
         )  # fmt: skip
         board = self._scalars()
         if board is not None and ("eval_loss" in fields or board.due()):
-            board.add(
-                to,
-                {
-                    "train/loss": t.loss,
-                    "test/loss": fields.get("eval_loss"),
-                    "test/accuracy": fields.get("eval_accuracy"),
-                    "time/iteration_s": (compute_s + wait_s) / max(1, to - start),
-                    "time/blocked_s": wait_s,
-                },
-                keep="eval_loss" in fields,
-            )
+            step_s = (compute_s + wait_s) / max(1, to - start)
+            board.add(to, step_scalars(t.loss, fields, step_s), keep="eval_loss" in fields)
         return fields
 
     def _scalars(self) -> ScalarWriter | None:
         """This worker's TensorBoard writer, made at its first step (none without a folder)."""
         if self._board is None and self.tensorboard_dir is not None:
-            from hopbus.runtime.tensorboard import ScalarWriter  # it logs through this module
-
             self._board = ScalarWriter(self.tensorboard_dir / f"worker-{self.node}")
         return self._board
 

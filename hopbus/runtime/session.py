@@ -53,7 +53,7 @@ from hopbus.protocol.effects import (
 )
 from hopbus.protocol.worker import worker_loop
 from hopbus.runtime.compute import paced
-from hopbus.runtime.tensorboard import ScalarWriter
+from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.runtime.worker import Worker
 from hopbus.transport import ALLOWED_DTYPES, Layout, Params, encode_ack, layout_of
 from hopbus.transport.codec import finite
@@ -522,14 +522,7 @@ class Session:
         if self.board is not None and ("eval_loss" in fields or self.board.due()):
             self.board.add(
                 eff.to,
-                {
-                    "train/loss": self.loss,
-                    "test/loss": fields.get("eval_loss"),
-                    "test/accuracy": fields.get("eval_accuracy"),
-                    "time/iteration_s": step_s,
-                    "time/blocked_s": fields["wait_s"],
-                    "behind_slowest_in_neighbour": n.behind(eff.to),
-                },
+                step_scalars(self.loss, fields, step_s, n.behind(eff.to)),
                 keep="eval_loss" in fields,
             )
         if self.on_enter is not None:

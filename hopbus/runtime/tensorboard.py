@@ -15,8 +15,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-
-from hopbus.runtime.node import log
+from typing import Any
 
 FLUSH_S = 2.0
 """Seconds between writes to disk: TensorBoard re-reads files about this often."""
@@ -102,6 +101,22 @@ def record(data: bytes) -> bytes:
     return length + struct.pack("<I", _masked(length)) + data + struct.pack("<I", _masked(data))
 
 
+def step_scalars(
+    loss: float | None, fields: dict[str, Any], step_s: float, behind: int | None = None
+) -> dict[str, float | None]:
+    """A worker's scalars for one step, from its progress entry's ``fields`` (the tags
+    docs/api.md lists; ``behind``: how far its slowest live in-neighbour is behind, Hop modes
+    only)."""
+    return {
+        "train/loss": loss,
+        "test/loss": fields.get("eval_loss"),
+        "test/accuracy": fields.get("eval_accuracy"),
+        "time/iteration_s": step_s,
+        "time/blocked_s": fields["wait_s"],
+        "behind_slowest_in_neighbour": behind,
+    }
+
+
 class ScalarWriter:
     """One event file in ``folder``; ``add`` buffers, ``flush`` writes. ``start``: the first
     step it will write. A resumed run's worker starts after its checkpoint's iteration, and
@@ -150,6 +165,8 @@ class ScalarWriter:
                 fh.write(b"".join(self._buf))
         except OSError as exc:
             self._broken = True
+            from hopbus.runtime.node import log  # which imports this module
+
             log(f"TensorBoard scalars stop: cannot write {self.path}: {exc.strerror or exc}")
         self._buf.clear()
         self._next_flush = time.monotonic() + FLUSH_S
