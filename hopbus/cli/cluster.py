@@ -75,7 +75,8 @@ OutDir = Annotated[
     typer.Option(
         "--out",
         "-o",
-        help="Results folder: config.toml, metrics.jsonl, summary.json, logs/. [default: runs/RUN]",
+        help="Results folder: config.toml, metrics.jsonl, summary.json, logs/, tensorboard/. "
+        "[default: runs/RUN]",
         show_default=False,
         rich_help_panel=o.PANEL_CLUSTER,
     ),
@@ -152,7 +153,9 @@ def train_cmd(
     resume: Resume = None,
 ) -> None:
     """Train on a local cluster: one process per worker, ZeroMQ between them, Redis in the
-    middle (a private redis-server unless --redis is given).
+    middle (a private redis-server unless --redis is given). Each process gets its share of
+    the cores for numpy's thread pools (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS
+    at cores // N, at least 1) unless you set any of them.
 
     Shows every worker's progress while it runs, then the summary (the same fields as `hopbus
     sim`) and the final test accuracy. Exit status 1 if a worker failed (its reason is
@@ -285,8 +288,9 @@ def launch_cmd(**params: Any) -> None:
 
     Starts a private redis-server (unless --redis), records the run, starts the copies with the
     environment hopbus.join() reads (HOPBUS_RUN, HOPBUS_REDIS, HOPBUS_ID; and, unless you set
-    them, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS at cores / N, so that N
-    copies of numpy or PyTorch do not each start a thread per core), shows every worker's
+    any of them, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS at cores // N, at
+    least 1, so that N copies of numpy or PyTorch do not each start a thread per core;
+    TensorFlow's pools are left as they are), shows every worker's
     progress, and writes the results folder as hopbus train does: config.toml, metrics.jsonl,
     summary.json, logs/worker-I.log (each copy's stdout and stderr) and tensorboard/. In the
     script: ctx = hopbus.join(), then model.fit(..., callbacks=[hopbus.keras.HopCallback(ctx)])
@@ -323,10 +327,11 @@ LAUNCH_LEAVES_OUT = (
     "weight_decay", "eval_every", "checkpoint_every", "lookahead", "group_size", "sync_period",
     "resume",
 )  # fmt: skip
+LAUNCH_OPTS = {"mode": o.LaunchModeOpt, "iter_time": o.LaunchIterTime}  # said for a script
 launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
     parameters=[
         *(
-            p.replace(annotation=o.LaunchModeOpt) if p.name == "mode" else p
+            p.replace(annotation=LAUNCH_OPTS[p.name]) if p.name in LAUNCH_OPTS else p
             for p in _TRAIN_PARAMS.parameters.values()
             if p.name not in LAUNCH_LEAVES_OUT
         ),

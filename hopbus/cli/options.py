@@ -31,20 +31,28 @@ PANEL_TRAIN = "Training"
 PANEL_CLUSTER = "Cluster"
 
 
-def _help(field: str, extra: str = "") -> str:
+def _help(field: str, extra: str = "", text: str | None = None) -> str:
     info = TrainConfig.model_fields[field]
     default = info.default
     shown = default.value if hasattr(default, "value") else default
-    text = (info.description or "") + (f" {extra}" if extra else "")
+    text = (info.description or "" if text is None else text) + (f" {extra}" if extra else "")
     return f"{text} [default: {shown}]" if shown is not None else text
 
 
-def _opt(field: str, *names: str, panel: str = PANEL_RUN, extra: str = "", **kw: Any) -> Any:
+def _opt(
+    field: str,
+    *names: str,
+    panel: str = PANEL_RUN,
+    extra: str = "",
+    text: str | None = None,
+    **kw: Any,
+) -> Any:
+    """The flag of TrainConfig's ``field``: its description (or ``text``), then ``extra``."""
     return typer.Option(
         flag_of(field),
         *names,
         envvar="HOPBUS_" + field.upper(),
-        help=_help(field, extra),
+        help=_help(field, extra, text),
         show_default=False,
         rich_help_panel=panel,
         **kw,
@@ -68,10 +76,10 @@ _PS_SCHEMES = (
 )
 
 
-def _mode_opt(modes: tuple[Mode, ...], extra: str) -> Any:
+def _mode_opt(modes: tuple[Mode, ...], extra: str, text: str | None = None) -> Any:
     """--mode with the modes a command runs in its help (a refused one still gets the line
     saying where it runs)."""
-    return _opt("mode", "-m", metavar="<" + "|".join(modes) + ">", extra=extra)
+    return _opt("mode", "-m", metavar="<" + "|".join(modes) + ">", extra=extra, text=text)
 
 
 ModeOpt = Annotated[
@@ -97,6 +105,7 @@ LaunchModeOpt = Annotated[
         HOP_MODES,
         _HOP_RULES + " A script exchanges its parameters, so the related schemes (ps-*, wagma, "
         "allreduce) run with hopbus train only.",
+        text="Recv rule.",
     ),
 ]
 Backup = Annotated[
@@ -190,6 +199,16 @@ Lr = Annotated[float | None, _opt("lr", panel=PANEL_TRAIN)]
 Momentum = Annotated[float | None, _opt("momentum", panel=PANEL_TRAIN)]
 WeightDecay = Annotated[float | None, _opt("weight_decay", panel=PANEL_TRAIN)]
 IterTime = Annotated[float | None, _opt("iter_time", panel=PANEL_TRAIN)]
+LaunchIterTime = Annotated[
+    float | None,
+    _opt(
+        "iter_time",
+        panel=PANEL_TRAIN,
+        text="Emulated seconds of one batch: your script's step, then a sleep up to this times "
+        "the worker's --slowdown factor; 0 = the step's own time (still multiplied by the "
+        "slowdown factor).",
+    ),
+]
 EvalEvery = Annotated[int | None, _opt("eval_every", panel=PANEL_TRAIN)]
 TargetLoss = Annotated[float | None, _opt("target_loss", panel=PANEL_TRAIN)]
 CheckpointEvery = Annotated[int | None, _opt("checkpoint_every", panel=PANEL_TRAIN)]
