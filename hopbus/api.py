@@ -329,13 +329,13 @@ class Context:
 
     def _named(self, params: Mapping[str, Any] | Sequence[Any]) -> dict[str, np.ndarray]:
         if isinstance(params, Mapping):
-            return {str(k): np.asarray(v) for k, v in params.items()}
+            return {str(k): _array(str(k), v) for k, v in params.items()}
         if isinstance(params, np.ndarray) or not isinstance(params, Sequence):
             raise UserError(
                 f"parameters must be a dict of named arrays or a list of arrays, not a "
                 f"{type(params).__name__}"
             )
-        return {str(i): np.asarray(v) for i, v in enumerate(params)}
+        return {str(i): _array(str(i), v) for i, v in enumerate(params)}
 
     def _out(self, x: dict[str, np.ndarray] | None) -> Any:
         if x is None or not self._as_list:
@@ -346,6 +346,16 @@ class Context:
         """Redis errors as one line; a failure of this worker told to the run once (not one
         caused by the run stopping, nor a replacement's or a dead worker's own)."""
         return _Guard(self)
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    """One named parameter as a numpy array, or one line saying why it is not one (a
+    PyTorch tensor that requires grad, a ragged list)."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"parameter {name!r} is not an array: {first}") from None
 
 
 class _Guard:

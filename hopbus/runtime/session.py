@@ -297,7 +297,9 @@ class Session:
         not what ``apply`` returned (the serial order, or a jump), the caller sets it."""
         if not self._in_step:
             raise UsageError("end() without begin()")
-        if (params is None) == (apply is None):
+        if params is None and apply is None:
+            raise UsageError("end() needs your step's parameters (or apply=)")
+        if params is not None and apply is not None:
             raise UsageError("end() takes the parameters, or apply, not both")
         n = self.node
         real = time.perf_counter() - self._t0

@@ -68,6 +68,8 @@ with hopbus.join() as ctx:
         new = {"W": p["W"] - 0.1 * (p["W"] - target)}
         if me == who and ctx.iteration == 5 and fault in ("bad_accuracy", "text_loss"):
             ctx.log(eval_accuracy=7.0) if fault == "bad_accuracy" else ctx.end(new, loss="abc")
+        if me == who and ctx.iteration == 5 and fault in ("ragged_end", "none_end"):
+            ctx.end({"W": [[1.0, 2.0], [3.0]]} if fault == "ragged_end" else None)
         p = ctx.end(new, loss=float(((p["W"] - target) ** 2).mean()))
         if ctx.iteration % 10 == 0:
             ctx.log(eval_loss=float(((p["W"] - 1.5) ** 2).mean()), eval_accuracy=0.5)
@@ -214,14 +216,16 @@ def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_p
         ("nan_start", "start(): the parameters hold a NaN or infinity in 'W'; a model must start"),
         ("bad_accuracy", "log(): eval_accuracy 7.0 is not a fraction in [0, 1]"),
         ("text_loss", "end(): loss must be a number, not str"),
+        ("ragged_end", "parameter 'W' is not an array: setting an array element with a sequence"),
+        ("none_end", "end() needs your step's parameters (or apply=)"),
     ],
 )
 def test_a_script_that_hands_hopbus_bad_values_is_one_line(
     redis_url, tmp_path, script, fault, expected
 ):
-    """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``: a script's own values refused
-    where hopbus takes them, naming the call, before they reach the run (worker 0's NaN
-    start would have been every worker's)."""
+    """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``, ``ragged_end``, ``none_end``: a
+    script's own values refused where hopbus takes them, naming the call, before they reach
+    the run (worker 0's NaN start would have been every worker's)."""
     p, _, _ = launch(
         redis_url, tmp_path / "run", "-n", "2", "--topology", "ring", "--iterations", "20",
         command=[sys.executable, str(script), fault, "0"],

@@ -18,3 +18,5 @@ def test_the_users_setting_and_a_single_copy_are_left_alone():
     assert thread_share(4, {"OMP_NUM_THREADS": "8"}) == {}
     assert thread_share(4, {"MKL_NUM_THREADS": "2", "PATH": "/bin"}) == {}
     assert thread_share(1, {}) == {}
+    # an empty value is no setting: the libraries take it as unset, and so does hopbus
+    assert thread_share(2, {"OMP_NUM_THREADS": ""}) == thread_share(2, {})
