@@ -27,7 +27,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_a_pytorch_loop_learns_as_hop_workers(redis_url, tmp_path):
     out = tmp_path / "run"
-    launch = hopbus_args("launch", "--redis", redis_url, "--run", f"t{os.getpid()}")
+    launch = hopbus_args("launch", "--redis", redis_url, "--run", f"torch{os.getpid()}")
     flags = ["--out", str(out), "--json", "-n", "4", "--mode", "backup", "--iterations", "300"]
     p = _run(*launch, *flags, "--", sys.executable, str(EXAMPLE))
     assert p.returncode == 0, p.stderr
