@@ -45,9 +45,9 @@ def thread_share(copies: int, environ: Mapping[str, str]) -> dict[str, str]:
     libraries' thread pools: its share of the cores this process may run on, as torchrun
     does. Each library starts one thread per core, and threads that spin while they wait
     turn N copies into N times too many (PyTorch's step here: 13x slower with 4 copies on 2
-    cores). Nothing when the user set any of these to a value (they know their machine; an empty one
-    means unset to the libraries too), nor for one
-    copy. TensorFlow's own pools do not spin, and are left as they are."""
+    cores). Nothing when the user set any of these to a value (they know their machine; an
+    empty one means unset to the libraries too), nor for one copy. TensorFlow's own pools do
+    not spin, and are left as they are."""
     if copies <= 1 or any(environ.get(name, "").strip() for name in THREAD_VARS):
         return {}
     try:
