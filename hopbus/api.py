@@ -53,6 +53,7 @@ def launched() -> bool:
 
 
 _HOOKED: list[bool] = []  # once the hook is installed
+_ESCAPED: list[bool] = []  # an exception reached the hook: the script is failing already
 
 
 def _show_user_errors() -> None:
@@ -65,6 +66,7 @@ def _show_user_errors() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        _ESCAPED.append(True)
         if isinstance(exc, UserError):
             from hopbus.coord.client import scrub
 
@@ -162,6 +164,7 @@ class Context:
         self._as_list = False
         self._reported = False
         self._closed = False
+        self._short_why: str | None = None  # the loop ended before the run (Context._ended_short)
 
     # -- who and what ---------------------------------------------------------------------------
     @property
@@ -219,10 +222,14 @@ class Context:
         parts = tuple(a[rows] for a in arrays)
         return parts[0] if len(parts) == 1 else parts
 
-    def epochs(self, samples: int, batch_size: int) -> int:
+    def epochs(self, samples: int, batch_size: int, validation_split: float = 0.0) -> int:
         """Epochs over ``samples`` rows that cover the run's iterations, for ``model.fit``
-        (one batch per iteration; the callback stops fit once the run is done)."""
-        per_epoch = max(1, math.ceil(samples / max(1, batch_size)))
+        (one batch per iteration; the callback stops fit once the run is done). Give fit's
+        ``validation_split`` too, if you use one: fit trains on the rows it leaves."""
+        if not 0.0 <= validation_split < 1.0:
+            raise UserError(f"ctx.epochs(): validation_split {validation_split} is not in [0, 1)")
+        rows = math.floor(samples * (1.0 - validation_split))
+        per_epoch = max(1, math.ceil(rows / max(1, batch_size)))
         return max(1, math.ceil((self.iterations - self.iteration) / per_epoch))
 
     # -- around each step -----------------------------------------------------------------------
@@ -312,14 +319,44 @@ class Context:
             if exc is None and self.session is not None and not self.session.finished:
                 if not self.session.done:
                     with self._guard():
-                        raise RunFailure(
-                            f"worker {self.worker} left the run in iteration {self.iteration} "
-                            f"of {self.iterations}: its training loop ended before the run's "
-                            "iterations were done"
-                        )
+                        raise self._short()
                 self.finish()
         finally:
             self.close()
+
+    # -- a loop that ends before the run ---------------------------------------------------------
+    def _ended_short(self, why: str) -> None:
+        """The training loop stopped before the run was done (``model.fit`` ran out of
+        epochs), and may go on (a loop that calls fit once per epoch). If the script leaves
+        without going on, the worker fails then, saying ``why``."""
+        if self._short_why is None:
+            atexit.register(self._left_short)  # runs before close (registered at join)
+        self._short_why = why
+
+    def _short(self) -> RunFailure:
+        return RunFailure(
+            self._short_why
+            or f"worker {self.worker} left the run in iteration {self.iteration} of "
+            f"{self.iterations}: its training loop ended before the run's iterations were done"
+        )
+
+    def _left_short(self) -> None:
+        """At exit, after a loop ended short: unless it went on to the run's end (or an
+        exception is on its way out already), the worker fails with the line that says why:
+        told to the run, printed, and status 1, not a clean exit without a result."""
+        s = self.session
+        if self._closed or _ESCAPED or s is None or s.finished or s.done:
+            return
+        exc = self._short()
+        with contextlib.suppress(Exception):  # leaving: say it as far as we can
+            self._guard()._tell(exc)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"hopbus: error: {exc}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            self.close()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os._exit(1)
 
     # -- internals ------------------------------------------------------------------------------
     def _started(self) -> Any:

@@ -330,6 +330,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 
 DEFAULT_TRAIN_WORKERS = 4  # a real run on one machine: one process per worker
+SGD_FIELDS = ("lr", "momentum", "weight_decay")
+"""The settings of hopbus's SGD, which its numpy models train with (not a Keras model)."""
 
 
 class TrainConfig(RunConfig):

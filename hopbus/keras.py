@@ -16,7 +16,9 @@ local. At ``on_train_begin`` every worker takes worker 0's initial weights, what
 script built its model with, and fit stops once the run's iterations are done. Keras's logs
 become the run's progress: the batch ``loss`` (Keras's running mean over the epoch), training
 ``accuracy``, and ``val_loss``/``val_accuracy`` after each validation, which also give the
-summary's final loss and accuracy.
+summary's final loss and accuracy. A fit that ends before the run is done (too few epochs) may
+be followed by another, as in a loop that fits one epoch at a time until ``ctx.done``, with
+this callback or a new one; a script that leaves without finishing the run fails then, saying so.
 
 Modes other than Hop's (ps-*, wagma, allreduce) exchange gradients or group sums, not a model's
 parameters: ``hopbus.join()`` refuses them with one line.
@@ -124,10 +126,11 @@ class HopCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.ctx is None:
             self.ctx = join()
-        if self.ctx.session is not None:  # a second fit: go on from where the run is
-            self._set(self.ctx.session.x)
-            return
         self._variables, self._names = shared_weights(self.model)
+        if self.ctx.session is not None:  # a second fit: go on from where the run is
+            with self.ctx._guard():
+                self._go_on()
+            return
         if not self._variables:
             if not getattr(self.model, "built", True):
                 raise RunFailure(f"HopCallback: {NOT_BUILT}")
@@ -137,13 +140,17 @@ class HopCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         ctx = self.ctx
         assert ctx is not None
-        if not ctx.done:
-            with ctx._guard():
-                raise RunFailure(
-                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
-                    f"{ctx.iterations} iterations, before the run was done: give fit more epochs "
-                    "(epochs=ctx.epochs(len(x_train), batch_size))"
-                )
+        if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
+            steps = (self.params or {}).get("steps")
+            per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""
+            ctx._ended_short(
+                f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
+                f"{ctx.iterations} iterations{per_epoch}, before the run was done: give fit "
+                "more epochs (epochs=ctx.epochs(len(x_train), batch_size), with "
+                "validation_split=... if fit has one; more is fine, fit stops when the run is "
+                "done), or call fit again until ctx.done"
+            )
+            return
         if self.finish and not ctx.session.finished:
             if ctx.session.last_eval == (None, None):
                 print(
@@ -190,6 +197,20 @@ class HopCallback(keras.callbacks.Callback):
             )
 
     # -- the weights ----------------------------------------------------------------------------
+    def _go_on(self) -> None:
+        """A later fit (this callback's, or a new one's) takes the run's parameters as they
+        are: the model must be the one the run started with."""
+        assert self.ctx is not None and self.ctx.session is not None
+        x = self.ctx.session.x
+        if set(self._names) != set(x) or any(
+            tuple(v.shape) != x[n].shape for n, v in zip(self._names, self._variables, strict=True)
+        ):
+            raise RunFailure(
+                f"HopCallback: worker {self.ctx.worker}: this fit's model has other weights than "
+                "the model the run started with: a later fit goes on with the same model"
+            )
+        self._set(x)
+
     def _apply(self, part: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """Hop's Apply, inside TensorFlow: the variables (x_k plus Keras's step) += Reduce's
         part; returns them as they now are (the serial order: as they are)."""

@@ -31,7 +31,7 @@ import numpy as np
 import redis
 
 from hopbus import __version__
-from hopbus.config import TrainConfig, load_toml, make_config
+from hopbus.config import SGD_FIELDS, TrainConfig, flag_of, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
@@ -195,6 +195,14 @@ def check_inputs(
             raise ConfigError(
                 f"--checkpoint-every: --model {cfg2.model} is a Keras model; only hopbus's "
                 "numpy models and its cnn and vgg11 write checkpoints"
+            )
+        sgd = [flag_of(f) for f in SGD_FIELDS if f in cfg.model_fields_set]
+        if sgd:  # given, and silently unused, they would mislead
+            warnings.warn(
+                f"{', '.join(sgd)}: --model {cfg2.model} is a Keras model, which trains with "
+                "the optimizer it was compiled with; these set hopbus's SGD for its numpy models",
+                UserWarning,
+                stacklevel=2,
             )
     return cfg2, topo, specs
 
