@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import NoReturn
 
+from hopbus.runtime import interrupts  # the signal module only
+
 INTERRUPTED = 130
 
 
@@ -26,7 +28,7 @@ def exit_interrupted() -> NoReturn:
         with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or None
             stream.flush()
     with contextlib.suppress(OSError, ValueError):
-        print("hopbus: interrupted", file=sys.stderr, flush=True)
+        print(f"hopbus: {interrupts.said()}", file=sys.stderr, flush=True)
     atexit._run_exitfuncs()
     os._exit(INTERRUPTED)
 
@@ -35,7 +37,7 @@ def main() -> None:
     # SIGTERM while typer, numpy and networkx load ends as Ctrl-C does (130, not the default
     # action's 143); the commands that start processes install their own handler later
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, interrupts.handler)
     try:
         from hopbus.cli.main import main as run
 

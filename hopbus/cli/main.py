@@ -82,6 +82,18 @@ def _script_to_train(exc: BaseException, message: str) -> str:
     return message
 
 
+def _modes_of_the_command(exc: BaseException, message: str) -> str:
+    """A mistyped --mode: the modes this command runs (its help's metavar), not every mode
+    hopbus knows (launch and sim refuse some of them)."""
+    param = getattr(exc, "param", None)
+    metavar = getattr(param, "metavar", None)
+    at = message.find(" is not one of ")
+    if getattr(param, "name", None) != "mode" or at < 0 or not isinstance(metavar, str):
+        return message
+    modes = metavar.strip("<>").split("|")
+    return f"{message[:at]} is not one of {', '.join(map(repr, modes))}."
+
+
 def _silence_stdout() -> None:
     """After stdout failed, point it at /dev/null so the interpreter's final flush is quiet."""
     try:
@@ -128,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         # an enum flag's value is checked by pydantic, whose words lead the line
         message = _model_flag_to_launch(exc) or _script_to_train(
-            exc, exc.format_message().replace(": Value error, ", ": ", 1)
+            exc, _modes_of_the_command(exc, exc.format_message().replace(": Value error, ", ": ", 1))
         )
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)

@@ -15,19 +15,25 @@ from typing import Any
 _asked: list[int] = []  # the signals received, in order
 
 
-def _handler(signum: int, frame: Any) -> None:
+def handler(signum: int, frame: Any) -> None:
     _asked.append(signum)
     raise KeyboardInterrupt
 
 
 def install() -> None:
     """Route SIGINT and SIGTERM through the recording handler (main thread only)."""
-    signal.signal(signal.SIGINT, _handler)
-    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def requested() -> bool:
     return bool(_asked)
+
+
+def said() -> str:
+    """How the stop is said at the end: a SIGTERM is named (a launcher stopping its workers
+    after another failed, ``docker stop``), as it was no Ctrl-C at this process's terminal."""
+    return "interrupted by SIGTERM" if _asked and _asked[-1] == signal.SIGTERM else "interrupted"
 
 
 def check() -> None:

@@ -40,6 +40,22 @@ def test_train_refuses_bad_input_before_starting_anything(tmp_path, args, needle
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "last"),
+    [
+        (["launch", "--", "python", "x.py"], "'hybrid'."),
+        (["sim"], "'ps-elastic'."),
+        (["train"], "'allreduce'."),
+    ],
+)
+def test_a_mistyped_mode_lists_the_modes_of_the_command(tmp_path, command, last):
+    """launch runs the Hop modes only, sim no wagma or allreduce: a typo lists what it runs."""
+    p = hopbus(command[0], "--mode", "bakup", *command[1:], cwd=tmp_path)
+    line = _one_line_error(p, 2)
+    assert "'bakup' is not one of 'standard', 'notify-ack', 'backup', " in line
+    assert line.endswith(last), line
+
+
 def test_train_refuses_a_mistyped_fault(tmp_path):
     p = hopbus("train", cwd=tmp_path, env={"HOPBUS_FAULTS": "1:explode"})
     assert "HOPBUS_FAULTS" in _one_line_error(p, 2)

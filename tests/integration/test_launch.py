@@ -186,6 +186,14 @@ def test_a_script_that_crashes_is_named_with_its_last_words(redis_url, tmp_path,
         (line,) = error_lines(p.stderr)
         assert "worker 2" in line and tail in line, line
         assert not s["finished"]
+        # the others were stopped by the launcher: their logs say so, not "interrupted" as by
+        # a Ctrl-C nobody pressed (one may have ended first, waiting on worker 2 in vain)
+        ends = [
+            (tmp_path / "run" / "logs" / f"worker-{i}.log").read_text().strip().splitlines()[-1]
+            for i in (0, 1, 3)
+        ]
+        assert "hopbus: interrupted by SIGTERM" in ends, ends
+        assert "hopbus: interrupted" not in ends, ends
     else:  # backup workers: the others finish without it, as with a crashed built-in worker
         assert p.returncode == 0, p.stderr
         assert s["finished"] and s["violations"] == 0
