@@ -165,6 +165,7 @@ class Context:
         self._reported = False
         self._closed = False
         self._short_why: str | None = None  # the loop ended before the run (Context._ended_short)
+        self._failed = False  # an error left one of its calls (_Guard)
 
     # -- who and what ---------------------------------------------------------------------------
     @property
@@ -342,10 +343,10 @@ class Context:
 
     def _left_short(self) -> None:
         """At exit, after a loop ended short: unless it went on to the run's end (or an
-        exception is on its way out already), the worker fails with the line that says why:
+        error was raised already), the worker fails with the line that says why:
         told to the run, printed, and status 1, not a clean exit without a result."""
         s = self.session
-        if self._closed or _ESCAPED or s is None or s.finished or s.done:
+        if self._closed or _ESCAPED or self._failed or s is None or s.finished or s.done:
             return
         exc = self._short()
         with contextlib.suppress(Exception):  # leaving: say it as far as we can
@@ -412,6 +413,7 @@ class _Guard:
     ) -> None:
         if exc is None:
             return
+        self.ctx._failed = True  # said already, by whoever catches it: not again at exit
         from hopbus.runtime.node import redis_failures
 
         try:  # a Redis error: raises its one line instead
