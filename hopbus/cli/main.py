@@ -139,8 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not _usage_error(exc):
             raise
         # an enum flag's value is checked by pydantic, whose words lead the line
+        said = exc.format_message().replace(": Value error, ", ": ", 1)
         message = _model_flag_to_launch(exc) or _script_to_train(
-            exc, _modes_of_the_command(exc, exc.format_message().replace(": Value error, ", ": ", 1))
+            exc, _modes_of_the_command(exc, said)
         )
         if message:  # empty when the help text was shown instead (``hopbus`` with no command)
             print(f"hopbus: error: {message}", file=sys.stderr)

@@ -6,22 +6,27 @@ iteration 10 (as a crash: no cleanup, no message). ``3:crash_joining`` makes a r
 worker 3 (``hopbus worker --rejoin``) die the same way once it has announced itself, before it
 is back in the run. ``3:hang_before_report`` makes worker 3 hang after its last iteration,
 before it publishes its final report (its heartbeat beating on: the gap a forged report would
-use). ``1:leak_token`` makes worker 1 put one token more than the rules say into its first
-token queue once its iterations are done, as a broken rule (or another writer) would: the
-launcher's token-invariant check then fails the run. ``hopbus train`` passes the variable on
-to its workers. Unknown names are refused, so a typo cannot silently test nothing.
+use); ``3:crash_after_report`` makes it kill itself (SIGKILL) just after (its part done, as
+a process killed while it leaves). ``1:leak_token`` makes worker 1 put one token more than the rules
+say into its first token queue once its iterations are done, as a broken rule (or another
+writer) would: the launcher's token-invariant check then fails the run. ``hopbus train``
+passes the variable on to its workers. Unknown names are refused, so a typo cannot silently
+test nothing.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from dataclasses import dataclass
 
 from hopbus.errors import ConfigError
 
 ENV = "HOPBUS_FAULTS"
-FLAGS = ("never_register", "crash_joining", "hang_before_report", "leak_token")  # no iteration
+FLAGS = (  # no iteration
+    "never_register", "crash_joining", "hang_before_report", "crash_after_report", "leak_token",
+)  # fmt: skip
 NAMES = (*FLAGS, "crash_at", "hang_at")
 
 
@@ -30,6 +35,7 @@ class Faults:
     never_register: bool = False
     crash_joining: bool = False
     hang_before_report: bool = False
+    crash_after_report: bool = False
     leak_token: bool = False
     crash_at: int | None = None
     hang_at: int | None = None
@@ -54,6 +60,10 @@ class Faults:
     def before_report(self) -> None:
         if self.hang_before_report:
             threading.Event().wait()  # until the process is stopped
+
+    def after_report(self) -> None:
+        if self.crash_after_report:
+            os.kill(os.getpid(), signal.SIGKILL)  # as kill -9 from outside
 
     def while_joining(self) -> None:
         if self.crash_joining:

@@ -356,6 +356,7 @@ class Launcher:
         self.url = ""
         self.t_start = time.time()
         self.lost: dict[int, str] = {}  # workers the run went on without, and why they died
+        self.ended_after_report: set[int] = set()  # killed or failed once their part was done
         self.rejoined: set[int] = set()  # lost workers a replacement took the place of
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
@@ -371,6 +372,7 @@ class Launcher:
         self._cut = False  # the progress stream was trimmed before this reader began
         self._last_fed: dict[int, tuple[int, int]] = {}  # worker -> its last entry replayed
         self._horizon = (0, 0)  # the newest id under which entries were lost (_loss_horizon)
+        self._added = 0  # the progress stream's entries-added at the last look (_loss_horizon)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -584,6 +586,15 @@ class Launcher:
             try:
                 if code != 0 and self._superseded(p.worker):
                     self.notes.append(_why(p, code))  # e.g. it woke from a freeze, dead
+                elif code < 0 and not self.command and p.worker in self._reports():
+                    # killed once its result was in: a built-in worker had nothing left to do
+                    # (one that exits with an error met one; a script's own code after
+                    # ctx.finish() may still have work: their failures stay failures)
+                    self.ended_after_report.add(p.worker)
+                    self.notes.append(
+                        f"{_why(p, code)}, after reporting its result: its part of the run "
+                        "was complete"
+                    )
                 elif code != 0 and failure is None and not stop:  # once stopped: the stop's
                     failure = self._lose(p.worker, _why(p, code), gone=True)  # reason, below
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -592,7 +603,8 @@ class Launcher:
             p.code = code
         if failure is None and stop is not None:
             failure = read.stop_reason(stop)
-        done = all(p.code == 0 or p.worker in self.lost or p.worker in replaced for p in self.procs)
+        ended = self.lost.keys() | self.ended_after_report | replaced
+        done = all(p.code == 0 or p.worker in ended for p in self.procs)
         if not done and failure is None and self.unanswered is None:
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
                 self._note_late({p.worker for p in self.procs if p.code is None})
@@ -601,10 +613,14 @@ class Launcher:
     def _only_lingering(self) -> bool:
         """Whether every process of the run still running belongs to a worker whose final
         report is in (a script that lingers after its part), and none failed: a Ctrl-C then
-        stops those processes and ends the run as finished, its results being complete."""
+        stops those processes and ends the run as finished, its results being complete. So
+        too when every process has exited 0 (each does once its part is done) and this one
+        had not looked yet."""
         running = {p.worker for p in self.procs if p.popen.poll() is None}
-        if not running or any(p.popen.poll() not in (None, 0) for p in self.procs):
+        if any(p.popen.poll() not in (None, 0) for p in self.procs):
             return False
+        if not running:
+            return bool(self.procs)
         try:
             return running <= set(self._reports())
         except redis.RedisError:
@@ -614,6 +630,8 @@ class Launcher:
         from hopbus.runtime.node import names
 
         running = [p.worker for p in self.procs if p.popen.poll() is None]
+        if not running:
+            return
         self.stop_workers()
         self.notes.append(
             f"Ctrl-C: stopped the processes of {names(running)}, which had reported "
@@ -757,11 +775,12 @@ class Launcher:
 
     def _loss_horizon(self) -> tuple[int, int]:
         """The newest id of the progress stream under which entries were deleted (XDEL) or
-        trimmed away while the stream held newer ones (Redis 7's XINFO STREAM says both): a
-        worker whose last entry read lies below it may have lost entries this reader never
-        saw (``Replay.doubt``): no gap with it is judged until its next step, and its next
-        entry is taken where it puts it, not refused for the steps it skips. (0, 0) where
-        nothing was lost or Redis cannot tell."""
+        trimmed away while the stream held newer ones (Redis 7's XINFO STREAM says both), or
+        below the first entry of a stream deleted and begun again (its entries-added count
+        starts over): a worker whose last entry read lies below it may have lost entries this
+        reader never saw (``Replay.doubt``): no gap with it is judged until its next step, and
+        its next entry is taken where it puts it, not refused for the steps it skips. (0, 0)
+        where nothing was lost or Redis cannot tell."""
         try:
             info = self.r.xinfo_stream(self.keys.progress)
         except redis.ResponseError:  # no stream, or another type: the reads say so
@@ -773,6 +792,9 @@ class Launcher:
         added = read.integer(info.get("entries-added"))
         length = read.integer(info.get("length"))
         cut = added is not None and length is not None and added > length
+        if added is not None:
+            cut = cut or added < self._added  # deleted and begun again since the last look
+            self._added = added
         return max(deleted, trimmed if cut else (0, 0))
 
     def _credible(

@@ -504,6 +504,7 @@ class Node:
             self.heartbeat = None
         self.control.publish_result(result, FINISHED)  # finished, not dead: no TTL
         self.control.event("finish", **event)
+        self.faults.after_report()
 
     def progress_fields(
         self, start: int, to: int, compute_s: float, wait_s: float, blocked_on: Sequence[int]

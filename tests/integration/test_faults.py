@@ -189,6 +189,22 @@ def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_pat
     assert on_disk["checks"]["token_invariant_violations"] == 1
 
 
+def test_a_worker_that_dies_after_its_report_fails_nothing(redis_url, tmp_path):
+    """HOPBUS_FAULTS crash_after_report: worker 1 is killed (SIGKILL) just after it published
+    its final report, in standard mode, which stops for a dead worker. Its part was done: the
+    run ends finished (status 0), and a note says how the process ended."""
+    env = clean_env(HOPBUS_FAULTS="1:crash_after_report")
+    p, s = train(
+        redis_url, tmp_path / "run", "-n", "3", "--topology", "complete", "--iterations", "20",
+        "--eval-every", "0", env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s is not None and s["finished"] and s["failure"] is None and s["violations"] == 0
+    assert s["lost_workers"] == [] and [w["iterations"] for w in s["per_worker"]] == [20] * 3
+    assert "worker 1 was killed by SIGKILL, after reporting its result" in p.stderr, p.stderr
+    assert "after reporting its result: its part of the run was complete" in p.stderr
+
+
 def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path):
     """Fault ``interrupted_worker``: Ctrl-C (SIGINT) of one hand-started worker of a standard
     run. It exits 130 and posts why it is gone, so hopbus watch and the stop key (written by

@@ -128,6 +128,33 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+def test_a_stop_once_every_worker_is_done_ends_the_run_finished(redis_url, tmp_path):
+    """Fault ``late_stop``: SIGTERM reaches hopbus train after every worker reported its
+    result and exited 0, before the launcher looked (it is frozen meanwhile, as a busy
+    machine might hold it). The run is complete: it ends as finished, with its summary, not
+    as stopped."""
+    out = tmp_path / "run"
+    flags = ["-n", "3", "--iterations", "60", "--iter-time", "0.02", "--eval-every", "0"]
+    args, run = train_args(redis_url, out, *flags)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    wait_for(lambda: client.get(keys.iter(0)) is not None, 60, "worker 0 under way")
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: client.hlen(keys.result) == 3, 60, "every result")
+        wait_for(lambda: not processes_mentioning(f"--run {run} --id"), 60, "the workers gone")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    s = json.loads(stdout)
+    assert s["finished"] and s["failure"] is None and s["iterations"]["min"] == 60
+    assert json.loads((out / "summary.json").read_text())["finished"]
+    assert client.hget(keys.meta, "status") == b"finished"
+
+
 def test_a_worker_that_never_appears_stops_the_run(redis_url, tmp_path):
     env = clean_env(HOPBUS_FAULTS="2:never_register")
     flags = ["-n", "4", "--timeout", "3"]

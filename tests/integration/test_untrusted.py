@@ -294,6 +294,37 @@ def test_deleted_progress_entries_fake_no_broken_bound(redis_url, redis_client, 
     assert "were deleted from the stream before this reader read them" in watch.stderr
 
 
+def test_a_progress_stream_deleted_under_a_live_run_fakes_nothing(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``deleted_stream``: the progress stream DELeted while the launcher is not
+    looking (frozen with SIGSTOP, so that entries it never read go with it), and begun again
+    by the workers' next entries. Its entries-added count starts over: the reader takes the
+    loss as a trim, places each worker where its next entry puts it, and neither refuses the
+    later entries as forged nor judges the gap as a broken bound."""
+    version = redis_client.info("server")["redis_version"]
+    if int(version.split(".")[0]) < 7:
+        pytest.skip(f"Redis {version} does not count a stream's entries added (7 does)")
+    flags = ["-n", "3", "--iterations", "200", "--iter-time", "0.02", "--eval-every", "0"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 0, 20)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        wait_iteration(redis_client, keys, 0, 60)
+        redis_client.delete(keys.progress)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 200, s
+    assert s["refused"]["progress_entries"] == 0 and s["progress_missed"] > 0, s
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    last = {w: max(json.loads(x)["iter"] for x in lines if json.loads(x)["worker"] == w)
+            for w in range(3)}  # fmt: skip
+    assert last == {0: 200, 1: 200, 2: 200}, last
+
+
 def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
     """Fault ``clean_under_workers``: hopbus clean --force of a run whose workers are alive.
     Removed under them, its keys came back within seconds (the workers took the empty Redis
