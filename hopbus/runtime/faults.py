@@ -7,11 +7,11 @@ worker 3 (``hopbus worker --rejoin``) die the same way once it has announced its
 is back in the run. ``3:hang_before_report`` makes worker 3 hang after its last iteration,
 before it publishes its final report (its heartbeat beating on: the gap a forged report would
 use); ``3:crash_after_report`` makes it kill itself (SIGKILL) just after (its part done, as
-a process killed while it leaves). ``1:leak_token`` makes worker 1 put one token more than the rules
-say into its first token queue once its iterations are done, as a broken rule (or another
-writer) would: the launcher's token-invariant check then fails the run. ``hopbus train``
-passes the variable on to its workers. Unknown names are refused, so a typo cannot silently
-test nothing.
+a process killed while it leaves). ``1:leak_token`` makes worker 1 put one token more than the
+rules say into its first token queue once its iterations are done, as a broken rule (or
+another writer) would: the launcher's token-invariant check then fails the run. ``hopbus
+train`` passes the variable on to its workers. Unknown names are refused, so a typo cannot
+silently test nothing.
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ class Launcher:
         self.url = ""
         self.t_start = time.time()
         self.lost: dict[int, str] = {}  # workers the run went on without, and why they died
-        self.ended_after_report: set[int] = set()  # killed or failed once their part was done
+        self.ended_after_report: set[int] = set()  # built-in workers killed once done
         self.rejoined: set[int] = set()  # lost workers a replacement took the place of
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
