@@ -37,6 +37,7 @@ from hopbus.api import Context, join
 from hopbus.errors import RunFailure
 from hopbus.models.custom import NOT_BUILT
 from hopbus.runtime.session import ALIGN
+from hopbus.transport import layout_of
 
 
 def _accuracy_key(logs: dict[str, Any], prefix: str = "") -> str | None:
@@ -201,15 +202,13 @@ class HopCallback(keras.callbacks.Callback):
         """A later fit (this callback's, or a new one's) takes the run's parameters as they
         are: the model must be the one the run started with."""
         assert self.ctx is not None and self.ctx.session is not None
-        x = self.ctx.session.x
-        if set(self._names) != set(x) or any(
-            tuple(v.shape) != x[n].shape for n, v in zip(self._names, self._variables, strict=True)
-        ):
+        session = self.ctx.session
+        if layout_of(self._get()) != session.layout:  # names, dtypes, shapes as start() took
             raise RunFailure(
-                f"HopCallback: worker {self.ctx.worker}: this fit's model has other weights than "
-                "the model the run started with: a later fit goes on with the same model"
+                "HopCallback: this fit's model has other weights than the model the run "
+                "started with: a later fit goes on with the same model"
             )
-        self._set(x)
+        self._set(session.x)
 
     def _apply(self, part: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """Hop's Apply, inside TensorFlow: the variables (x_k plus Keras's step) += Reduce's

@@ -616,9 +616,10 @@ class Launcher:
         stops those processes and ends the run as finished, its results being complete. So
         too when every process has exited 0 (each does once its part is done) and this one
         had not looked yet."""
-        running = {p.worker for p in self.procs if p.popen.poll() is None}
-        if any(p.popen.poll() not in (None, 0) for p in self.procs):
+        codes = [(p.worker, p.popen.poll()) for p in self.procs]
+        if any(code not in (None, 0) for _, code in codes):
             return False
+        running = {worker for worker, code in codes if code is None}
         if not running:
             return bool(self.procs)
         try:
