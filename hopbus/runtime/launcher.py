@@ -373,6 +373,7 @@ class Launcher:
         self._last_fed: dict[int, tuple[int, int]] = {}  # worker -> its last entry replayed
         self._horizon = (0, 0)  # the newest id under which entries were lost (_loss_horizon)
         self._added = 0  # the progress stream's entries-added at the last look (_loss_horizon)
+        self._read_upto = (0, 0)  # the newest progress entry id read before this look
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -772,16 +773,19 @@ class Launcher:
                 if self.t_offset:  # a resumed run's time goes on from where its file ends
                     fed["t"] = round(fed["t"] + self.t_offset, 6)
                 metrics.write(dumps(fed) + "\n")
+        if entries:
+            self._read_upto = max(self._read_upto, _stream_id(entries[-1][0]))
         return True
 
     def _loss_horizon(self) -> tuple[int, int]:
         """The newest id of the progress stream under which entries were deleted (XDEL) or
         trimmed away while the stream held newer ones (Redis 7's XINFO STREAM says both), or
         below the first entry of a stream deleted and begun again (its entries-added count
-        starts over): a worker whose last entry read lies below it may have lost entries this
-        reader never saw (``Replay.doubt``): no gap with it is judged until its next step, and
-        its next entry is taken where it puts it, not refused for the steps it skips. (0, 0)
-        where nothing was lost or Redis cannot tell."""
+        starts over; or, grown past the old count by the next look, its first entry is newer
+        than the last one this reader read): a worker whose last entry read lies below it may
+        have lost entries this reader never saw (``Replay.doubt``): no gap with it is judged
+        until its next step, and its next entry is taken where it puts it, not refused for the
+        steps it skips. (0, 0) where nothing was lost or Redis cannot tell."""
         try:
             info = self.r.xinfo_stream(self.keys.progress)
         except redis.ResponseError:  # no stream, or another type: the reads say so
@@ -796,6 +800,8 @@ class Launcher:
         if added is not None:
             cut = cut or added < self._added  # deleted and begun again since the last look
             self._added = added
+        # everything read so far is gone: trimmed, or the stream deleted and begun again
+        cut = cut or (self._read_upto > (0, 0) and first_id > self._read_upto)
         return max(deleted, trimmed if cut else (0, 0))
 
     def _credible(

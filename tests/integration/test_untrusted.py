@@ -294,24 +294,29 @@ def test_deleted_progress_entries_fake_no_broken_bound(redis_url, redis_client, 
     assert "were deleted from the stream before this reader read them" in watch.stderr
 
 
+@pytest.mark.parametrize("regrown", [False, True])
 def test_a_progress_stream_deleted_under_a_live_run_fakes_nothing(
-    redis_url, redis_client, tmp_path
+    redis_url, redis_client, tmp_path, regrown
 ):
     """Fault ``deleted_stream``: the progress stream DELeted while the launcher is not
     looking (frozen with SIGSTOP, so that entries it never read go with it), and begun again
-    by the workers' next entries. Its entries-added count starts over: the reader takes the
-    loss as a trim, places each worker where its next entry puts it, and neither refuses the
-    later entries as forged nor judges the gap as a broken bound."""
-    version = redis_client.info("server")["redis_version"]
-    if int(version.split(".")[0]) < 7:
-        pytest.skip(f"Redis {version} does not count a stream's entries added (7 does)")
+    by the workers' next entries. Its entries-added count starts over (``regrown``: and has
+    passed the old one by the launcher's next look; its first entry is then newer than any
+    the launcher read): the reader takes the loss as a trim, places each worker where its
+    next entry puts it, and neither refuses the later entries as forged nor judges the gap
+    as a broken bound."""
     flags = ["-n", "3", "--iterations", "200", "--iter-time", "0.02", "--eval-every", "0"]
     proc, _, keys = _start(redis_url, tmp_path, *flags)
     wait_iteration(redis_client, keys, 0, 20)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.stat().st_size, 30, "the launcher reading")
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         wait_iteration(redis_client, keys, 0, 60)
+        old = redis_client.xlen(keys.progress)
         redis_client.delete(keys.progress)
+        if regrown:
+            wait_for(lambda: redis_client.xlen(keys.progress) > old, 30, "the stream regrown")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     out, err = proc.communicate(timeout=180)
