@@ -86,7 +86,9 @@ end
 # A queue whose other end is dead is neither waited on nor fed (protocol/membership.py); the
 # dead set is read in the same atomic step, so no worker ever acts on a stale view of it. With
 # dead workers, it also returns those whose replacement is joining (senders send to them
-# again), forgetting a joiner whose heartbeat lapsed (it died while joining). A worker that is
+# again), forgetting a joiner whose heartbeat lapsed (it died while joining); once any id was
+# replaced, the incarnation of each neighbour (a worker that never saw a neighbour dead, busy
+# through its death and its replacement's commit, learns of the new process so). A worker that is
 # itself in the dead set (declared dead, yet still running), or whose id a replacement has taken
 # since (another incarnation), is refused: HOPBUSDEAD.
 _ADVANCE = (
@@ -103,7 +105,11 @@ end
 if cur ~= ARGV[1] then  -- a broker restored from an older snapshot: its state is stale
   return redis.error_reply('HOPBUSLOST ' .. KEYS[1] .. ' is ' .. string.sub(tostring(cur), 1, 30))
 end
-local skip, dead, joining = {}, {}, {}
+local skip, dead, joining, incs = {}, {}, {}, {}
+if redis.call('HLEN', KEYS[#KEYS - 2]) > 0 then  -- some id was replaced: its neighbours' numbers
+  local ids = cmsgpack.unpack(ARGV[9 + nt])
+  for i = 1, nt + np do incs[i] = redis.call('HGET', KEYS[#KEYS - 2], ids[i]) or '' end
+end
 if redis.call('SCARD', deadkey) > 0 then
   local ids = cmsgpack.unpack(ARGV[9 + nt])
   for i = 1, nt + np do skip[i] = redis.call('SISMEMBER', deadkey, ids[i]) == 1 end
@@ -115,7 +121,7 @@ if redis.call('SCARD', deadkey) > 0 then
 end
 for i = 1, nt do
   if not skip[i] and redis.call('LLEN', KEYS[3 + i]) < tonumber(ARGV[7 + i]) then
-    return {0, i, dead, joining}
+    return {0, i, dead, joining, incs}
   end
 end
 for i = 1, nt do
@@ -135,7 +141,7 @@ if np > 0 then
 end
 local floors = {}
 for k = 1, 2 * nf do floors[k] = redis.call('GET', KEYS[3 + nt + np + k]) or '' end
-return {1, id, floors, dead, joining}
+return {1, id, floors, dead, joining, incs}
 """
 )
 
@@ -455,6 +461,9 @@ class RunControl:
         self.floors: dict[int, int] = {}  # out-neighbours' floors, read by the last advance
         self.floors_refused = 0  # floors above their owner's counter (_checked_floors)
         self.joining: frozenset[int] = frozenset()  # dead workers coming back, as last read
+        # the neighbours' incarnations as the last Advance read them (none while no id of the
+        # run was ever replaced): a changed one is a new process at a new endpoint
+        self.incarnations: dict[int, int] = {}
         self._shapes: dict[tuple, tuple[list[str], bytes]] = {}  # _advance_shape's
 
     def _call(self, script: Any, keys: list, args: list) -> Any:
@@ -499,7 +508,8 @@ class RunControl:
         ``need[j]`` tokens for every live j: take them, publish ``floor`` (if given), set the
         counter, XADD the progress entry, put ``to - start`` tokens for each live j in
         ``put_to``, and read back the floors of ``floors_of`` (into ``self.floors``) and the
-        dead workers whose replacement is joining (into ``self.joining``).
+        dead workers whose replacement is joining (into ``self.joining``) and, once an id
+        was replaced, the neighbours' incarnations (into ``self.incarnations``).
 
         Returns (None, dead workers) once entered or, taking nothing, (the first j whose queue
         is short, dead workers)."""
@@ -513,7 +523,11 @@ class RunControl:
         args += ["" if floor is None else floor, *(need[j] for j in owners)]
         args += [msgpack.packb(flat), peers, self.keys.hb_prefix, self.worker, self.incarnation]
         res = self._call(self._advance, keys, args)
-        self.joining = _members(res[-1])
+        self.joining = _members(res[-2])
+        neighbours = (*owners, *put_to)
+        self.incarnations = {
+            j: read.incarnation_of(n) for j, n in zip(neighbours, res[-1] or (), strict=False)
+        }
         if res[0] == 0:
             return owners[int(res[1]) - 1], _members(res[2])
         self.floors = self._checked_floors(floors_of, res[2])

@@ -98,6 +98,7 @@ class Worker(Node):
         self.dead: frozenset[int] = frozenset()  # the run's dead workers, as last read
         self.joining: frozenset[int] = frozenset()  # dead ones whose replacement is joining
         self._relink: set[int] = set()  # peers seen dead: check their endpoint before sending
+        self._incarnations: dict[int, int] = {}  # neighbours' incarnations, as last read
         # a replacement, until it rejoins: in-neighbour -> iteration -> payload of what it sent
         self._held: dict[int, dict[int, Any]] | None = {} if rejoin else None
         self.rejoined_with: Params | None = None  # a replacement's first parameters
@@ -261,6 +262,7 @@ class Worker(Node):
                     floors_of=floors_of,
                 )  # fmt: skip
                 self._set_dead(dead, self.control.joining)
+                self._note_incarnations(self.control.incarnations)
             if owner is None:
                 self._floor = None
                 self._floors = self.control.floors if floors_of else None
@@ -380,6 +382,29 @@ class Worker(Node):
         # check again: seen dead, or back for good
         self._relink |= (dead - joining) | (self.joining - dead)
         self.dead, self.joining = dead, joining
+
+    def _note_incarnations(self, found: dict[int, int]) -> None:
+        """The neighbours' incarnations as an Advance just read them: one that changed is a
+        replacement at another address, even if this worker never saw that id dead (it was
+        busy, or waiting on something else, from the death to the replacement's commit)."""
+        for j, n in found.items():
+            if self._incarnations.get(j, 0) != n:
+                self._relink.add(j)
+                self._incarnations[j] = n
+
+    def _check_alive(self, peers: Sequence[int], what: str) -> list[int]:
+        """Those of ``peers`` gone, as Node._check_alive judges, and first those the run's dead
+        set holds: declared dead by anyone, a worker is gone whatever its heartbeat key says
+        (a replacement beats under the id from its announcement on, before its commit has
+        rebuilt the token queues; waiting on such a queue would wait for a token that neither
+        the dead process nor the replacement will put)."""
+        unknown = [j for j in peers if j not in self.dead]
+        if unknown:
+            dead = self.control.dead()
+            if dead.intersection(unknown):
+                self._set_dead(dead, self.joining)
+                return [j for j in unknown if j in dead]
+        return super()._check_alive(peers, what)
 
     def _relink_to(self, peers: Sequence[int]) -> None:
         # a joiner's endpoint is read before every send: one that died while joining may have

@@ -91,6 +91,27 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def redis_commands_of(client, pid: int) -> list[str]:
+    """The last command of each of process ``pid``'s connections to ``client``'s Redis, as
+    CLIENT LIST tells (``blpop`` while it waits for a token): its sockets' local ports, read
+    from /proc, matched against the clients' addresses. Linux only."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            for line in fh.readlines()[1:]:
+                cols = line.split()
+                if cols[9] in inodes:
+                    ports.add(int(cols[1].rpartition(":")[2], 16))
+    return [c["cmd"] for c in client.client_list() if int(c["addr"].rpartition(":")[2]) in ports]
+
+
 def env_without(package: str, folder: Path) -> dict[str, str]:
     """An environment in which ``import PACKAGE`` fails, installed or not: a sitecustomize in
     ``folder`` (put on PYTHONPATH) inserts a finder first on sys.meta_path that refuses it. For

@@ -16,11 +16,13 @@ from cluster import (
     clean_env,
     hopbus,
     processes_mentioning,
+    redis_commands_of,
     train_args,
     wait_for,
     wait_iteration,
 )
 
+from hopbus.coord.control import RunControl
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.snapshot import snapshot
 from hopbus.runtime.progress import parse_entry
@@ -177,3 +179,100 @@ def test_a_worker_declared_dead_while_frozen_leaves_when_it_wakes(
     # no progress entry of the old process after its death, and every queue is right
     assert s["checks"]["progress_out_of_order"] == 0 and s["violations"] == 0
     assert s["checks"]["token_invariant_violations"] == 0
+
+
+def test_a_token_wait_ends_when_its_owner_is_declared_dead_though_a_replacement_beats(
+    redis_url, redis_client, tmp_path
+):
+    """Worker 4 waits for a token from worker 3, which froze. Someone else declares 3 dead and
+    a replacement announces itself in the same instant, so 3's heartbeat key is never missing
+    while 4 looks: 4 must still see 3 dead (the dead set says so) and go on without its queue,
+    not wait on it until --timeout. (Before, the replacement, which needs 4 to advance before
+    it finds an iteration to enter, and 4 waited on each other: the race docs/faults.md told.)"""
+    its = 100
+    flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
+    flags += ["--iter-time", "0.05", "--heartbeat", "20", "--timeout", "60", "--eval-every", "0"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags, "--mode", "backup", "--backup", "1")
+    keys = RunKeys(run)
+    train = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        (pid,) = processes_mentioning(f"--run {run} --id {VICTIM}")
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at = int(redis_client.get(keys.iter(VICTIM)))
+        # 4 runs max_ig (5) iterations ahead of 3 and waits for its token; its heartbeat lives
+        # 20 s, so no one has seen it lapse
+        blocked = frozen_at + 5
+        wait_iteration(redis_client, keys, 4, blocked, timeout=30)
+        assert redis_client.llen(keys.tok(VICTIM, 4)) == 0
+        (waiter,) = processes_mentioning(f"--run {run} --id 4")
+        # in BLPOP, and on 3's queue: 0's and 5's hold tokens
+        wait_for(
+            lambda: (
+                "blpop" in redis_commands_of(redis_client, waiter)
+                and redis_client.llen(keys.tok(0, 4)) > 0
+                and redis_client.llen(keys.tok(5, 4)) > 0
+            ),
+            30,
+            "worker 4 waiting for worker 3's token",
+        )
+        fake = RunControl(redis_client, keys, VICTIM, iterations=its)
+        assert fake.declare_dead(VICTIM, force=True)
+        assert fake.begin_rejoin("tcp://127.0.0.1:9", 120_000) is None
+        wait_iteration(redis_client, keys, 4, blocked + 10, timeout=20)
+        fake.abort_rejoin()  # the run goes on without 3
+        os.kill(pid, signal.SIGKILL)
+        out, err = train.communicate(timeout=120)
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+    assert train.returncode == 0, err
+    assert not _events(redis_client, keys, "error")
+    s = json.loads(out)
+    assert [w["worker"] for w in s["lost_workers"]] == [VICTIM]
+    assert all(w["iterations"] == its for w in s["per_worker"] if w["worker"] != VICTIM)
+    assert s["violations"] == 0 and s["checks"]["token_invariant_violations"] == 0
+
+
+def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacement(
+    redis_url, redis_client, tmp_path
+):
+    """Worker 4 is frozen (think: one very long iteration) while its neighbour 3 is killed,
+    declared dead, and replaced: it never sees 3 dead, yet when it goes on it must send to the
+    replacement's address (the incarnation its next Advance reads says 3 is a new process), not
+    to the dead one's until that queue fills and it waits there until --timeout."""
+    # the others must still run, not yet held back by the frozen 4, when the replacement
+    # starts (a few seconds): max_ig iterations ahead of it at most, then they wait
+    its, max_ig = 480, 400
+    flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
+    flags += ["--iter-time", "0.02", "--heartbeat", "20", "--timeout", "15", "--eval-every", "0"]
+    flags += ["--max-ig", str(max_ig), "--mode", "backup", "--backup", "1"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    keys = RunKeys(run)
+    train = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        wait_iteration(redis_client, keys, VICTIM, KILL_AT)
+        (busy,) = processes_mentioning(f"--run {run} --id 4")
+        (victim,) = processes_mentioning(f"--run {run} --id {VICTIM}")
+        os.kill(busy, signal.SIGSTOP)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: redis_client.sismember(keys.dead, VICTIM), 30, "the victim dead")
+        replacement = _rejoin(redis_url, run, VICTIM)
+        wait_for(lambda: _events(redis_client, keys, "rejoin"), 60, "the replacement in")
+        os.kill(busy, signal.SIGCONT)
+        _, rep_err = replacement.communicate(timeout=120)
+        out, err = train.communicate(timeout=120)
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+    assert replacement.returncode == 0, rep_err
+    assert train.returncode == 0, err
+    assert not _events(redis_client, keys, "error")
+    s = json.loads(out)
+    assert s["finished"] and all(w["iterations"] == its for w in s["per_worker"])
+    log = (tmp_path / "run" / "logs" / "worker-4.log").read_text()
+    assert f"worker 4: sending to worker {VICTIM}'s replacement at" in log
