@@ -143,7 +143,7 @@ def join(
         node._connect()
     board = tensorboard or os.environ.get(env.TENSORBOARD)
     ctx = Context(node, tensorboard=Path(board) if board else None)
-    atexit.register(ctx.close)
+    atexit.register(ctx._at_exit)
     return ctx
 
 
@@ -301,14 +301,39 @@ class Context:
             return self._started().finish(loss, accuracy)
 
     def close(self) -> None:
-        """Leave: sockets closed, heartbeat stopped (without finish, the run sees this worker
-        die). Safe to call twice; ``with hopbus.join() as ctx`` calls it."""
+        """Leave: sockets closed, heartbeat stopped. A worker whose run is done reports first,
+        if it has not (the last logged test loss and accuracy), so a loop that simply ends,
+        without ``finish()``, has done its part; one that leaves before the run is done is,
+        to the run, a worker that died. Safe to call twice; ``with hopbus.join() as ctx``
+        calls it, and so does the script's end."""
+        self._leave(report=True)
+
+    def _leave(self, *, report: bool) -> None:
         if self._closed:
             return
-        self._closed = True
-        if self.session is not None:
-            self.session.close()
-        self.node.close()
+        try:
+            s = self.session
+            if report and s is not None and s.done and not s.finished and not self._failed:
+                self.finish()
+        finally:
+            self._closed = True
+            if self.session is not None:
+                self.session.close()
+            self.node.close()
+
+    def _at_exit(self) -> None:
+        """The script's end: ``close()``, unless an exception is on its way out already (the
+        script failed: no report). A report that fails here is one line and status 1, not a
+        traceback from an exit handler."""
+        try:
+            self._leave(report=not _ESCAPED)
+        except Exception as exc:  # leaving: say it, as the excepthook would have
+            from hopbus.coord.client import scrub
+
+            with contextlib.suppress(OSError, ValueError):
+                print(f"hopbus: error: {scrub(str(exc))}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+            os._exit(1)
 
     def __enter__(self) -> Context:
         return self
@@ -323,7 +348,7 @@ class Context:
                         raise self._short()
                 self.finish()
         finally:
-            self.close()
+            self._leave(report=False)  # an exception on its way out: no report
 
     # -- a loop that ends before the run ---------------------------------------------------------
     def _ended_short(self, why: str) -> None:
@@ -354,7 +379,7 @@ class Context:
         with contextlib.suppress(OSError, ValueError):
             print(f"hopbus: error: {exc}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
-            self.close()
+            self._leave(report=False)
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
         os._exit(1)

@@ -78,11 +78,15 @@ class RunConfig(BaseModel):
     max_ig: int = Field(
         5, ge=0, le=MAX_BOUND, description="Token queue bound max_ig; 0 = no token queues."
     )
-    skip_max: int = Field(0, ge=0, description="Most iterations per jump; 0 = never jump.")
-    skip_trigger: int = Field(1, ge=0, description="Jump only when more than this far behind.")
+    skip_max: int = Field(
+        0, ge=0, le=MAX_ITERATIONS, description="Most iterations per jump; 0 = never jump."
+    )
+    skip_trigger: int = Field(
+        1, ge=0, le=MAX_ITERATIONS, description="Jump only when more than this far behind."
+    )
     iterations: int = Field(100, ge=1, le=MAX_ITERATIONS, description="Iterations per worker.")
     slowdown: str = Field("none", description="Heterogeneity: " + heterogeneity.GRAMMAR)
-    seed: int = Field(0, ge=0, description="Seed of every random draw.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of every random draw.")
     approach: Approach = Field(Approach.PARALLEL, description="Where Send sits in an iteration.")
     compute_time: float = Field(
         1.0,
@@ -107,6 +111,7 @@ class RunConfig(BaseModel):
     )
     lookahead: int = Field(
         15,
+        le=MAX_ITERATIONS,
         description="ps-elastic: future iterations per worker ZipLine weighs when it picks the "
         "next barrier (R).",
     )
@@ -116,7 +121,9 @@ class RunConfig(BaseModel):
         "local SGD). Default: the power of two nearest above sqrt(workers).",
     )
     sync_period: int = Field(
-        10, description="wagma: iterations between blocking global averages (tau)."
+        10,
+        le=MAX_ITERATIONS,
+        description="wagma: iterations between blocking global averages (tau).",
     )
     slowdown_scope: SlowdownScope = Field(
         SlowdownScope.COMPUTE,
@@ -365,6 +372,7 @@ class TrainConfig(RunConfig):
     eval_every: int = Field(
         20,
         ge=0,
+        le=MAX_ITERATIONS,
         description="Evaluate each worker's model on the test set every this many iterations "
         "(0 = only at the end); needed for --target-loss.",
     )

@@ -234,6 +234,14 @@ def summary(console: Console, s: dict[str, Any]) -> None:
             if loss is not None:
                 said.append(f"{'loss' if said else 'final test loss'} {loss:.4f}")
             rows.append(("model", f"{', '.join(said)} (mean over workers)"))
+        elif s.get("finished"):
+            rows.append(
+                (
+                    "model",
+                    "no test loss or accuracy reported (a script that evaluated nothing: give "
+                    "fit validation_data, or ctx.finish(loss=..., accuracy=...))",
+                )
+            )
         if cfg.get("target_loss") is not None:
             ttt = s.get("time_to_target")
             rows.append(

@@ -14,6 +14,10 @@ import numpy as np
 from hopbus.data.dataset import DataError, Dataset, check_dense_size
 from hopbus.models.custom import call_user, load_callable
 
+MAX_CLASSES = 100_000
+"""Integer labels name classes 0..C-1 up to this C: labels beyond it are most likely a
+regression's targets given as integers, and an output layer that wide would not fit."""
+
 
 def _array(value: object, what: str, spec: str) -> np.ndarray:
     try:
@@ -66,6 +70,11 @@ def load_user_data(spec: str) -> Dataset:
         if low < 0:
             raise DataError(f"--data {spec!r}: integer labels must be 0..C-1, found {low}")
         n_classes = max(int(y_train.max()), int(y_test.max())) + 1
+        if n_classes > MAX_CLASSES:  # a model's output layer that size would not fit anywhere
+            raise DataError(
+                f"--data {spec!r}: integer labels must be 0..C-1 with C at most {MAX_CLASSES}, "
+                f"found {n_classes - 1} (targets of a regression? give them as floats)"
+            )
         y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
     else:
         n_classes = 0  # not a classification: hopbus's own models and accuracies do not apply

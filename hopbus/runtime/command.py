@@ -159,21 +159,22 @@ def _interrupted(url: str, keys: RunKeys, worker: int) -> None:
     report_failure(url, keys.run, worker, INTERRUPTED_LINE, kind=INTERRUPTED)
 
 
-_WHERE = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_WHERE = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?\s*$')
 
 
 def cause(tail: list[str]) -> str:
     """A failed script's last words in one line: a Python traceback's exception with the
-    place it was raised (``TypeError: ... (train.py, line 33, in evaluate)``), else its last
-    lines of stderr joined."""
+    place it was raised (``TypeError: ... (train.py, line 33, in evaluate)``; a SyntaxError's
+    ``(train.py, line 3)``), else its last lines of stderr joined."""
     tail = [read.text(line, 1000) or "" for line in tail]  # no escape reaches a terminal
     if not tail:
         return "it printed nothing on stderr"
     last = tail[-1].strip()
     places = [m for line in tail if (m := _WHERE.match(line))]
     if places and not _WHERE.match(tail[-1]):
-        m = places[-1]
-        return f"{last} ({Path(m['file']).name}, line {m['line']}, in {m['func']})"
+        m = places[-1]  # a SyntaxError's place names no function
+        where = f", in {m['func']}" if m["func"] else ""
+        return f"{last} ({Path(m['file']).name}, line {m['line']}{where})"
     return " | ".join(line.strip() for line in tail[-TAIL_LINES:])
 
 
@@ -203,6 +204,11 @@ def _outcome(
         why = f"worker {worker}: `{shown}` was killed by {signal.Signals(-code).name}"
     else:
         why = f"worker {worker}: `{shown}` exited with status {code}: {cause(tail)}"
+        if "No module named 'hopbus'" in why:  # another Python than the one hopbus is in
+            why += (
+                f"; hopbus is installed for {sys.executable}: activate its environment, or "
+                f"name that interpreter after --"
+            )
     report_failure(url, keys.run, worker, why)
     raise ScriptFailed(why)
 

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -35,7 +36,7 @@ from hopbus.config import SGD_FIELDS, TrainConfig, flag_of, load_toml, make_conf
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
-from hopbus.coord.control import broker_id, taken
+from hopbus.coord.control import RunControl, broker_id, taken
 from hopbus.coord.keys import FINISHED, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
@@ -70,6 +71,7 @@ from hopbus.runtime.progress import (
     summarize_run,
     token_invariant_violations,
 )
+from hopbus.runtime.reaper import stop_marked
 from hopbus.summary import run_seconds
 from hopbus.topology import Topology
 from hopbus.transport.curve import CurveKeys
@@ -88,6 +90,7 @@ worker-iteration, which on a small model costs more CPU than the workers' protoc
 busy machine, slows them; a tenth of a second is still quicker than a display refreshes or a
 failure needs noticing. A read that comes back full (``FOLLOW_BATCH``) is followed by the
 next at once: the launcher keeps up however fast the workers go."""
+SILENT_LOOK_S = 0.5  # how often the launcher looks for its workers' lapsed heartbeats
 FOLLOW_BATCH = 1000
 """Progress entries a read takes at most."""
 
@@ -361,6 +364,8 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
+        # in its processes' environment: what they leave behind, setsid and orphaned, is found
+        self._mark = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.watched: str | None = None  # hopbus watch: the run id, for config.toml
         self._at_end: dict[int, float] = {}  # worker -> first seen in the last iteration
         self._late: set[int] = set()  # workers said to be late with their final report
@@ -373,6 +378,7 @@ class Launcher:
         self._last_fed: dict[int, tuple[int, int]] = {}  # worker -> its last entry replayed
         self._horizon = (0, 0)  # the newest id under which entries were lost (_loss_horizon)
         self._added = 0  # the progress stream's entries-added at the last look (_loss_horizon)
+        self._silent_at = 0.0  # when _silent looks at the heartbeats next (monotonic)
         self._read_upto = (0, 0)  # the newest progress entry id read before this look
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -389,6 +395,7 @@ class Launcher:
         logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOPBUS_") or k == ENV}
         env[envvars.REDIS] = self.url  # not on the command line: it may hold a password
+        env[envvars.LAUNCH] = self._mark  # what they leave behind is found by it
         env[envvars.TENSORBOARD] = str((self.out / TENSORBOARD).resolve())
         if self.curve is not None:
             env[envvars.CURVE] = str(self.curve)  # the keys' folder; the keys stay in it
@@ -429,7 +436,9 @@ class Launcher:
     def stop_workers(self) -> None:
         """Stop every process it started, and then what they started and left behind (a
         script's own children, forked and forgotten): each worker runs in a session of its
-        own, so its process group holds them all."""
+        own, so its process group holds them all; a process that left it (setsid) is stopped
+        by its worker, and, should that worker be killed first, found here by the mark in its
+        environment (``reaper.marked``)."""
         live = [p for p in self.procs if p.popen.poll() is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
@@ -447,6 +456,8 @@ class Launcher:
             time.sleep(0.05)  # polling for the leftovers to go: they are no children of ours
             left = _signal_groups(left, 0)
         _signal_groups(left, signal.SIGKILL)
+        if self.procs:  # and what left its group (setsid) below a worker killed with SIGKILL,
+            stop_marked(envvars.LAUNCH, self._mark, 1.0)  # which would have stopped it
 
     def run(self) -> Outcome:
         """The whole run; always stops every process it started before returning or raising."""
@@ -466,9 +477,16 @@ class Launcher:
             self._spawn()
             with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
                 outcome = self._follow(metrics)
-            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # if it is gone
+            try:
                 self._record_end(outcome)
                 ended = True
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass  # Redis is gone: the summary still tells the run's end
+            except redis.ResponseError as exc:  # the status key is not what hopbus wrote there
+                self.notes.append(
+                    f"the run's end could not be recorded in Redis ({self._refused(exc)}); "
+                    "summary.json holds it"
+                )
             return outcome
         except KeyboardInterrupt:
             # a watcher leaves the run's status alone, and a recorded end stays
@@ -562,18 +580,10 @@ class Launcher:
         failure: str | None = None
         replaced: set[int] = set()
         try:
-            self._sync_membership()  # its neighbours may have noticed first
+            failure = self._sync_membership()  # its neighbours may have noticed first
             if self.rejoined:  # replacements are not our processes: Redis tells
-                finished = set(self._reports())
-                replaced = self.rejoined & finished
-                # one that dies once its neighbours are done has no one but us to notice (one
-                # without a counter has not restored it yet after a broker restart: not dead)
-                back = sorted(self.rejoined - set(self.lost))
-                counters = self.r.mget([self.keys.iter(i) for i in back]) if back else []
-                live = {i for i, c in zip(back, counters, strict=True) if c is not None}
-                for i in self._lapsed(live, finished):
-                    why = f"{self._name(i)}'s replacement: heartbeat gone without a result"
-                    failure = failure or self._lose(i, why, gone=False)
+                replaced = self.rejoined & set(self._reports())
+            failure = failure or self._silent()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.unanswered = exc  # _follow waits for Redis (_broker_lost) at once
         try:  # a node stopped the run (one it cannot do without died, a model diverged)
@@ -610,6 +620,32 @@ class Launcher:
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
                 self._note_late({p.worker for p in self.procs if p.code is None})
         return done, failure
+
+    def _silent(self) -> str | None:
+        """The failure, if any, once a worker went silent: without a heartbeat and without a
+        result for a renewal period (``_lapsed``), though its neighbours did not declare it
+        dead. A replacement is not our process: Redis alone tells when it dies once its
+        neighbours are done. One of ours may still run yet be frozen, starved of CPU or cut
+        off from Redis at the end, when no neighbour waits on it. Either is judged as a
+        neighbour would (``_lose``). A worker without a counter has not started, or has not
+        put it back after a broker restart: not dead. Looked at every SILENT_LOOK_S at most."""
+        now = time.monotonic()
+        if now < self._silent_at:
+            return None
+        self._silent_at = now + SILENT_LOOK_S
+        running = {p.worker for p in self.procs if p.code is None and p.popen.poll() is None}
+        watched = sorted(((running & set(range(self.topo.n))) | self.rejoined) - set(self.lost))
+        if not watched:
+            return None
+        counters = self.r.mget([self.keys.iter(i) for i in watched])
+        started = {i for i, c in zip(watched, counters, strict=True) if c is not None}
+        failure = None
+        for i in self._lapsed(started, set(self._reports())):
+            whose = "'s replacement" if i in self.rejoined else ""
+            still = "" if whose else " (its process is still there: frozen, or cut off)"
+            why = f"{self._name(i)}{whose}: heartbeat gone without a result{still}"
+            failure = failure or self._lose(i, why, gone=False)
+        return failure
 
     def _only_lingering(self) -> bool:
         """Whether every process of the run still running belongs to a worker whose final
@@ -699,11 +735,13 @@ class Launcher:
         period = self.cfg.heartbeat / 3
         return sorted(i for i, t in seen.items() if t is not None and now - t >= period)
 
-    def _sync_membership(self) -> None:
+    def _sync_membership(self) -> str | None:
         """Follow the run's dead set and incarnations: a worker that entered the dead set died
         (a replacement, or a worker whose neighbours noticed first); a newer incarnation of a
         worker that is out of the dead set is a replacement that took its place (``hopbus
-        worker --rejoin``), even if its death came and went between two looks."""
+        worker --rejoin``), even if its death came and went between two looks. Returns the
+        failure once the dead are more than the mode goes on without: the run is stopped here
+        too, since no one else may be left to (every worker dead, or the others done)."""
         dead, incarnations = self._membership()
         for i, n in sorted(incarnations.items()):
             if i not in dead and self._incarnations.get(i) != n:
@@ -712,20 +750,24 @@ class Launcher:
                 self.rejoined.add(i)
                 it = read.integer(self.r.get(self.keys.iter(i))) or 0
                 self.notes.append(f"{self._name(i)} rejoined in iteration {it} (a replacement)")
+        failure = None
         for i in sorted(dead - set(self.lost)):
             self.lost[i] = f"{self._name(i)} died (heartbeat gone)"
-            if survivable(self.cfg.protocol_settings(), self.topo, set(self.lost)) is None:
+            reason = survivable(self.cfg.protocol_settings(), self.topo, set(self.lost))
+            if reason is None:
                 self.notes.append(f"{self.lost[i]}; the run goes on without it")
-            else:  # the run is stopping: the failure says why
-                self.notes.append(self.lost[i])
+                continue
+            self.notes.append(self.lost[i])  # the failure says why it stops
+            if failure is None:
+                control = RunControl(self.r, self.keys, -1, iterations=self.cfg.iterations)
+                failure = control.stop_run(f"{self.lost[i]}; {reason}")
+        return failure
 
     def _lose(self, node: int, why: str, *, gone: bool) -> str | None:
         """Node ``node`` is gone (``why``). Returns None if the run goes on without it: a Hop
         worker that had started, within what the mode tolerates (protocol/membership.py);
         otherwise the failure to report, after stopping the run for every node. ``gone``: the
         process is known to have ended (not just its heartbeat)."""
-        from hopbus.coord.control import RunControl
-
         control = RunControl(self.r, self.keys, -1, iterations=self.cfg.iterations)
         control.epoch = control.broker_id()  # judged as the broker it is now sees the run
         reason: str | None = why
@@ -883,8 +925,6 @@ class Launcher:
                         raise self.unanswered
                     self._check_broker()
                 except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
-                    from hopbus.coord.control import RunControl
-
                     failure = self._refused(exc)
                     with contextlib.suppress(redis.RedisError):  # every node stops with the run
                         RunControl(self.r, self.keys, -1).stop_run(failure)
@@ -938,16 +978,22 @@ class Launcher:
             )
 
     def _resume_hint(self) -> None:
-        """After a Ctrl-C that stopped the run: how to go on, where its checkpoints allow."""
+        """After a Ctrl-C that stopped the run: where what it wrote is (its metrics and
+        logs so far), and how to go on, where its checkpoints allow."""
         with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
             at = newest_complete(self.out / CHECKPOINTS, self.topo.n)
-            if at is not None:
-                print(
-                    f"hopbus: run {self.keys.run} stopped; its checkpoints reach iteration "
-                    f"{at}: hopbus train --resume {self.out} goes on from there",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            then = (
+                f"; its checkpoints reach iteration {at}: hopbus train --resume {self.out} goes "
+                "on from there"
+                if at is not None
+                else ""
+            )
+            print(
+                f"hopbus: run {self.keys.run} stopped; its metrics and logs so far are in "
+                f"{self.out}{then}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _broker_lost(self, exc: BaseException, *, note: bool = True) -> str | None:
         """Redis went away. A private redis-server that died is started again at its address;
@@ -1079,6 +1125,8 @@ class Launcher:
             results = {}  # progress stream showed is all there is to summarize
         server = results.pop(self.topo.n, None)  # the parameter server's, in ps-* runs
         live = [i for i in range(self.topo.n) if i not in self.lost]
+        if failure is None and not live:  # never a run finished by no one
+            failure = "every worker was declared dead; none is left to finish the run"
         finished = failure is None and all("final_accuracy" in results.get(i, {}) for i in live)
         unreported = [i for i in live if "final_accuracy" not in results.get(i, {})]
         if failure is None and unreported:  # every process ended well: Redis lost the reports
@@ -1299,7 +1347,9 @@ class Watcher(Launcher):
             failure = self._lose(i, why, gone=False)
             if failure is not None:
                 return False, failure
-        self._sync_membership()  # declared by its neighbours, or replaced
+        failure = self._sync_membership()  # declared by its neighbours, or replaced
+        if failure is not None:
+            return False, failure
         self._note_late(set(range(n)) - done, done)
         return len(done) + len(self.lost) >= n + (ps is not None), None
 
@@ -1586,9 +1636,14 @@ def train(
         if not command:
             raise ConfigError(f"hopbus launch: give the command to run after --: {LAUNCH_USAGE}")
         if shutil.which(command[0]) is None:  # before any process or key exists
+            script = command[0].endswith(".py") and Path(command[0]).is_file()
             raise ConfigError(
-                f"hopbus launch: cannot run {command[0][:200]!r}: no such program on PATH, nor "
-                f"an executable file ({LAUNCH_USAGE})"
+                f"hopbus launch: cannot run {command[0][:200]!r}: "
+                + (
+                    f"a Python script: put the interpreter first, `-- python {command[0][:200]}`"
+                    if script
+                    else f"no such program on PATH, nor an executable file ({LAUNCH_USAGE})"
+                )
             )
         cfg = make_config({**cfg.model_dump(), "model": SCRIPT, "data": SCRIPT}, cls=TrainConfig)
         assert isinstance(cfg, TrainConfig)

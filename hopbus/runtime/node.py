@@ -406,10 +406,14 @@ class Node:
         ready: Callable[[], bool],
         missing: Callable[[], Sequence[int]],
         what: str,
+        *,
+        sent_in: int | None = None,
     ) -> float:
         """Wait, holding ``self.cond``, until ``ready()``; the receiver thread notifies on every
         delivery. Every LOOK_S: are this node's threads alive, are ``missing()``'s heartbeats
-        there, is the timeout spent. Returns seconds waited. Call with ``self.cond`` held."""
+        there, is the timeout spent. Returns seconds waited. Call with ``self.cond`` held.
+        ``sent_in``: the iteration in which the peers send what is awaited (a timeout then
+        tells a peer still short of it from one whose message did not arrive)."""
         if ready():
             return 0.0
         t0 = time.monotonic()
@@ -430,13 +434,24 @@ class Node:
                     "them (docs/faults.md)"
                 )
             if now - t0 > self.timeout:
+                why = self._why_late(late, sent_in)
                 raise RunFailure(f"{self.who} waited {self.timeout:g} s for {what} from "
-                                 f"{names(late, self.ps_id)} ({self._why_late()})")  # fmt: skip
+                                 f"{names(late, self.ps_id)} ({why})")  # fmt: skip
         return time.monotonic() - t0
 
-    def _why_late(self) -> str:
-        """What a wait that timed out most likely met: emulated links that hold messages
-        longer than --timeout, or peers that cannot reach this node's inbox."""
+    def _why_late(self, late: Sequence[int], sent_in: int | None) -> str:
+        """What a wait that timed out most likely met: peers that have not come to the
+        iteration in which they send it (their counters say so: a slow step, or a wait of
+        their own), emulated links that hold messages longer than --timeout, or peers that
+        cannot reach this node's inbox."""
+        behind = self._short_of(late, sent_in)
+        if behind:
+            j, at = behind[0]
+            return (
+                f"alive; {names([j], self.ps_id)} is still in iteration {at} and has not begun "
+                f"iteration {sent_in}: a step slower than --timeout, or a wait of its own; "
+                "raise --timeout for slow models"
+            )
         held = getattr(self.inbox, "longest_hold", 0.0)
         if held > self.timeout / 2:
             return (
@@ -448,6 +463,18 @@ class Node:
             f"{getattr(self, 'endpoint', '?')}: can they reach it? Else raise --timeout for "
             "slow models"
         )
+
+    def _short_of(self, peers: Sequence[int], iteration: int | None) -> list[tuple[int, int]]:
+        """Those of ``peers`` whose counter in Redis is below ``iteration``, with it (none
+        when that cannot be read)."""
+        if iteration is None or self.r is None or not peers:
+            return []
+        try:
+            found = self.r.mget([self.keys.iter(j) for j in peers])
+        except redis.RedisError:
+            return []
+        at = [(j, read.integer(c)) for j, c in zip(peers, found, strict=True)]
+        return [(j, c) for j, c in at if c is not None and c < iteration]
 
     def await_delivery(self, timeout_s: float) -> None:
         """Wait, holding ``self.cond``, up to ``timeout_s`` for the inbox to deliver something:

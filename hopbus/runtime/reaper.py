@@ -102,10 +102,51 @@ def stop_all(grace_s: float, *, keep: int | None = None) -> list[int]:
     return found
 
 
+def marked(name: str, value: str) -> list[int]:
+    """The live processes (this one aside) whose environment, as they were started with it,
+    holds ``name=value``: what a process tree left behind even where the process that would
+    have stopped it is gone (killed with SIGKILL, its orphans re-parented to init). A process
+    that cleared its environment, or another user's, is not found. Linux only."""
+    mark = f"{name}={value}".encode()
+    found = []
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if mark in environ.split(b"\0") and state[state.rindex(")") + 2] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def stop_marked(name: str, value: str, grace_s: float) -> list[int]:
+    """SIGTERM the processes ``marked`` finds, SIGKILL those still there after ``grace_s``;
+    returns the pids it found."""
+    found = marked(name, value)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    left = found
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for processes that are no children of ours to go
+        alive = set(marked(name, value))
+        left = [pid for pid in left if pid in alive]
+    _kill(left)
+    return found
+
+
 def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
 
-__all__ = ["become_subreaper", "descendants", "stop_all"]
+__all__ = ["become_subreaper", "descendants", "marked", "stop_all", "stop_marked"]

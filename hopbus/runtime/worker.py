@@ -229,12 +229,16 @@ class Worker(Node):
         """Wait until ``req`` is ready: (what it takes, seconds waited, whom it waited on)."""
         box = self.box
         what = "ACKs" if isinstance(req, AcksFrom) else "updates"
+        # the oldest iteration whose update counts (bounded staleness: k - s); an ACK is sent
+        # on receipt, not in an iteration of the sender's
+        sent_in = None if isinstance(req, AcksFrom) else getattr(req, "oldest", req.iteration)
         with self.cond:
             on = () if req.ready(box) else req.missing(box)
             waited = self.wait_for(
                 lambda: req.ready(box),
                 lambda: live(req.missing(box), self.dead),
                 f"{what} of iteration {req.iteration}",
+                sent_in=sent_in,
             )
             return req.take(box), waited, on
 

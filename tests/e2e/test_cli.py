@@ -186,7 +186,7 @@ def test_flags_the_mode_ignores_are_warned_about():
 
 
 def test_help_works_everywhere():
-    for args in (["--help"], ["sim", "--help"], ["topology", "--help"]):
+    for args in (["--help"], ["sim", "--help"], ["topology", "--help"], ["-h"], ["launch", "-h"]):
         p = hopbus(*args)
         assert p.returncode == 0 and "Usage" in p.stdout
     assert "[default: 5]" in hopbus("sim", "--help", env={"COLUMNS": "200"}).stdout

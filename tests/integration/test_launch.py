@@ -9,6 +9,7 @@ happen, not through hopbus.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -65,6 +66,9 @@ with hopbus.join() as ctx:
             raise ZeroDivisionError("worker %d gave up" % me)
         if fault == "stops_early" and me == who and ctx.iteration >= 10:
             break  # leaving the with block early: the run hears why
+        if fault == "slow_step" and me == who and ctx.iteration == 10:
+            import time
+            time.sleep(600)  # its step outlasts --timeout
         new = {"W": p["W"] - 0.1 * (p["W"] - target)}
         if me == who and ctx.iteration == 5 and fault in ("bad_accuracy", "text_loss"):
             ctx.log(eval_accuracy=7.0) if fault == "bad_accuracy" else ctx.end(new, loss="abc")
@@ -275,6 +279,8 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
         ),
         (["--bogus"], [sys.executable, str(script)], "No such option: --bogus"),
         ([], ["hopbus-no-such-program-xyz"], "cannot run 'hopbus-no-such-program-xyz'"),
+        ([], [str(script)], f"a Python script: put the interpreter first, `-- python {script}`"),
+        ([], [sys.executable, "-I", "-S", "-c", "import hopbus"], "hopbus is installed for "),
     ):
         out = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
         p, _, _ = launch(
@@ -535,7 +541,7 @@ def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, scrip
     log = (tmp_path / "d" / "logs" / "worker-0.log").read_text()
     assert "stopped 1 process `" in log and "left running when it exited" in log, log
 
-    run = f"k{os.getpid()}"
+    run = f"ksh{os.getpid()}"  # not test_keras.py's k{pid}: one Redis for the session
     args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "k"),
                        "-n", "2", "--topology", "ring", "--iterations", "1000000")  # fmt: skip
     wrapped = ["sh", "-c", f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} none; true"]
@@ -615,3 +621,83 @@ def test_the_numpy_example_trains(redis_url, tmp_path):
     assert p.returncode == 0, p.stderr
     assert s["finished"] and s["violations"] == 0 and s["final_accuracy"] >= 0.9
     assert s["consensus_distance"] < 0.1
+
+
+def test_what_a_killed_workers_script_left_is_stopped_with_the_run(redis_url, tmp_path, script):
+    """Fault ``daemon``, then a SIGKILL of one ``hopbus worker`` mid-run: the daemon its script
+    left (in a session of its own) is below no process that would stop it any more (init has
+    it); the launcher finds it by the mark its environment carries, and stops it with the run
+    (before: it outlived the run)."""
+    mark = f"hopbus-test-orphan-{os.getpid()}"
+    daemons = f"time.sleep(600) {mark}"  # the daemons' command line, not the scripts'
+    run = f"o{os.getpid()}"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "o"),
+                       "--json", "-n", "3", "--mode", "backup", "--iterations", "300",
+                       "--iter-time", "0.02")  # fmt: skip
+    proc = subprocess.Popen([*args, "--", sys.executable, str(script), "daemon", "-1", mark],
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:1") or 0) >= 5, 120, "the run")
+        wait_for(lambda: len(processes_mentioning(daemons)) == 3, 30, "the three daemons")
+        (wrapper,) = processes_mentioning(f"--run {run} --id 1")
+        os.kill(wrapper, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        left = processes_mentioning(daemons)
+    finally:
+        for p in processes_mentioning(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert [w["worker"] for w in json.loads(out)["lost_workers"]] == [1]
+    assert not left, left
+
+
+BARE_LOOP = """
+import sys
+import numpy as np
+import hopbus
+
+ctx = hopbus.join()  # no with block
+p = ctx.start({"w": np.zeros(3, np.float32)})
+while not ctx.done:
+    p = ctx.begin()
+    p = ctx.end({"w": p["w"] + 1.0}, loss=1.0)
+    if ctx.iteration % 10 == 0:
+        ctx.log(eval_loss=0.5, eval_accuracy=0.75)
+if sys.argv[1] == "close":
+    ctx.close()
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "close"])
+def test_a_loop_that_trains_to_the_end_has_done_its_part_without_finish(redis_url, tmp_path, end):
+    """A script without a with block that trains until ``ctx.done`` and then ends (``exit``)
+    or calls ``ctx.close()`` has done its part, as under torchrun: its report goes with the
+    last logged test loss and accuracy (before: exit 1, the run 'stopped early')."""
+    script = tmp_path / "bare.py"
+    script.write_text(BARE_LOOP)
+    p, s, _ = launch(
+        redis_url, tmp_path / "r", "-n", "2", "--topology", "ring", "--iterations", "30",
+        command=[sys.executable, str(script), end],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and [w["iterations"] for w in s["per_worker"]] == [30, 30], s
+    assert [w["final_accuracy"] for w in s["per_worker"]] == [0.75, 0.75]
+
+
+def test_a_step_slower_than_the_timeout_is_named_as_such(redis_url, tmp_path, script):
+    """Fault ``slow_step``: worker 1's step in iteration 10 outlasts --timeout. Worker 0, which
+    waits for its update of iteration 11, says that worker 1 is still in iteration 10 (its
+    counter in Redis tells), not that nothing reached its inbox."""
+    p, s, _ = launch(
+        redis_url, tmp_path / "r", "-n", "2", "--topology", "ring", "--iterations", "100",
+        "--timeout", "3", command=[sys.executable, str(script), "slow_step", "1"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert (
+        "worker 0 waited 3 s for updates of iteration 11 from worker 1 (alive; worker 1 is "
+        "still in iteration 10 and has not begun iteration 11: a step slower than --timeout"
+        in s["failure"]
+    ), s["failure"]

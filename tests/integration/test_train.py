@@ -116,7 +116,8 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     *_, hint, last = err.decode().strip().splitlines()
     assert last == "hopbus: interrupted"
     # how to go on: the set it names is one --resume takes
-    assert hint.startswith(f"hopbus: run {run} stopped; its checkpoints reach iteration ")
+    stopped = f"hopbus: run {run} stopped; its metrics and logs so far are in {out}; its"
+    assert hint.startswith(f"{stopped} checkpoints reach iteration "), hint
     assert hint.endswith(f"hopbus train --resume {out} goes on from there")
     assert not processes_mentioning(run)
     assert client.hget(keys.meta, "status") == b"stopped"

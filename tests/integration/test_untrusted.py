@@ -5,7 +5,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``forged_report``, ``secret_in_a_data_error``, ``stray_worker``, ``killed_launcher``,
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
-``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``.
+``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
+``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``hang_before_report`` with a freeze.
 """
 
 from __future__ import annotations
@@ -888,3 +889,71 @@ def test_a_config_no_hopbus_wrote_is_named_by_its_key_not_a_flag(redis_url, redi
         assert p.returncode == 2, (args, p.stderr)
         assert f"{keys.meta} holds a config no hopbus wrote (iterations: input should be" in line
         assert "--iterations" not in line
+
+
+@pytest.mark.parametrize("mode", ["backup", "standard"])
+def test_a_dead_set_forged_to_hold_every_worker_fails_the_run(
+    redis_url, redis_client, tmp_path, mode
+):
+    """Fault ``forged_dead``: something SADDs every worker to the run's dead set. Redis then
+    refuses each of them, and each leaves as a worker declared dead; no neighbour is left to
+    stop the run, so the launcher does, with one line: never a run 'finished' by no one
+    (before: exit 0, finished at iteration 52 of 300, no report of any worker)."""
+    flags = ["-n", "4", "--mode", mode, "--iterations", "300", "--iter-time", "0.03"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags, "--eval-every", "0")
+    wait_iteration(redis_client, keys, 0, 30)
+    redis_client.sadd(keys.dead, 0, 1, 2, 3)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    s = json.loads(out)
+    assert not s["finished"] and "died (heartbeat gone)" in s["failure"], s
+    assert err.strip().splitlines()[-1].startswith(f"hopbus: error: run {keys.run} failed: ")
+    assert redis_client.hget(keys.meta, "status") == b"failed"
+
+
+def test_a_status_key_of_another_type_at_the_end_loses_no_summary(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``garbled_meta``: the run's record (a hash) replaced by a string while it trains.
+    Recording the run's end then fails, but the run itself finished: its summary is written
+    and printed all the same, with a note that Redis could not take the status (before: exit
+    1, no summary.json, nothing on stdout)."""
+    flags = ["-n", "3", "--iterations", "150", "--iter-time", "0.02", "--eval-every", "0"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 0, 30)
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.delete(keys.meta).set(keys.meta, "garbage").execute()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["iterations"]["min"] == 150, s
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["finished"]
+    assert "the run's end could not be recorded in Redis" in err, err
+
+
+def test_a_worker_frozen_at_the_end_is_judged_by_its_heartbeat(redis_url, redis_client, tmp_path):
+    """Faults ``hang_before_report`` and a SIGSTOP: worker 0 reaches the last iteration and
+    freezes before its report, once the others have reported theirs. No neighbour waits on it
+    any more, so the launcher judges its heartbeat itself, as a neighbour would: gone for a
+    renewal period, the standard run fails with one line naming it (before: the launcher
+    waited on, past --timeout, for as long as the process stayed frozen)."""
+    flags = ["-n", "3", "--topology", "ring", "--iterations", "60", "--iter-time", "0.02"]
+    flags += ["--heartbeat", "2", "--timeout", "10", "--eval-every", "0"]
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    keys = RunKeys(run)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(HOPBUS_FAULTS="0:hang_before_report"))  # fmt: skip
+    try:
+        wait_for(lambda: redis_client.hlen(keys.result) == 2, 60, "workers 1 and 2 reported")
+        (frozen,) = processes_mentioning(f"--run {run} --id 0")
+        os.kill(frozen, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=60)
+        left = processes_mentioning(f"--run {run}")  # the launcher stopped the frozen one too
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    s = json.loads(out)
+    assert not s["finished"], s
+    assert "worker 0: heartbeat gone without a result (its process is still there" in s["failure"]
+    assert not left

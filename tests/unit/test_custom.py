@@ -143,6 +143,9 @@ def test_user_data_is_checked(tmp_path):
         def negative():
             return x, y - 1, x[:5], y[:5]
 
+        def huge():
+            return x, y * 10**12, x[:5], y[:5]
+
         def shapes():
             return x, y, x[:, :2], y
 
@@ -160,6 +163,7 @@ def test_user_data_is_checked(tmp_path):
         ("short", "x_train has 20 rows and y_train 10"),
         ("nan", "x_train row 7 holds a value that is not finite"),
         ("negative", "integer labels must be 0..C-1, found -1"),
+        ("huge", "integer labels must be 0..C-1 with C at most 100000, found 2000000000000 "),
         ("shapes", "x_train rows are \\[4, 4, 1\\], x_test rows \\[2, 4, 1\\]"),
         ("strings", "y_train holds <U1, not numbers"),
     ]:
