@@ -325,14 +325,21 @@ class Context:
         """The script's end: ``close()``, unless an exception is on its way out already (the
         script failed: no report). A report that fails here is one line and status 1, not a
         traceback from an exit handler."""
+        # an exception that ended the script: seen by our hook, or by the interpreter, which
+        # keeps it as sys.last_value whatever hook a library put in place of ours
+        failing = bool(_ESCAPED) or getattr(sys, "last_value", None) is not None
         try:
-            self._leave(report=not _ESCAPED)
+            self._leave(report=not failing)
         except Exception as exc:  # leaving: say it, as the excepthook would have
+            import logging
+
             from hopbus.coord.client import scrub
 
             with contextlib.suppress(OSError, ValueError):
                 print(f"hopbus: error: {scrub(str(exc))}", file=sys.stderr, flush=True)
                 sys.stdout.flush()
+            with contextlib.suppress(Exception):
+                logging.shutdown()  # what the exit handlers skipped by _exit would flush
             os._exit(1)
 
     def __enter__(self) -> Context:

@@ -82,7 +82,8 @@ end
 #       8..7+nt tokens still needed from each take queue, then the progress entry's fields and
 #       values as one msgpack array of strings (one argument instead of dozens: cheaper to send),
 #       then the worker ids of the take queues' owners and of the put queues' takers (msgpack),
-#       then the run's heartbeat key prefix, then this worker's id and incarnation
+#       then the run's heartbeat key prefix, then this worker's id and incarnation, and last the
+#       neighbours whose incarnations to return (msgpack)
 # A queue whose other end is dead is neither waited on nor fed (protocol/membership.py); the
 # dead set is read in the same atomic step, so no worker ever acts on a stale view of it. With
 # dead workers, it also returns those whose replacement is joining (senders send to them
@@ -107,8 +108,9 @@ if cur ~= ARGV[1] then  -- a broker restored from an older snapshot: its state i
 end
 local skip, dead, joining, incs = {}, {}, {}, {}
 if redis.call('HLEN', KEYS[#KEYS - 2]) > 0 then  -- some id was replaced: its neighbours' numbers
-  local ids = cmsgpack.unpack(ARGV[9 + nt])
-  for i = 1, nt + np do incs[i] = redis.call('HGET', KEYS[#KEYS - 2], ids[i]) or '' end
+  for i, w in ipairs(cmsgpack.unpack(ARGV[13 + nt])) do
+    incs[i] = redis.call('HGET', KEYS[#KEYS - 2], w) or ''
+  end
 end
 if redis.call('SCARD', deadkey) > 0 then
   local ids = cmsgpack.unpack(ARGV[9 + nt])
@@ -464,7 +466,7 @@ class RunControl:
         # the neighbours' incarnations as the last Advance read them (none while no id of the
         # run was ever replaced): a changed one is a new process at a new endpoint
         self.incarnations: dict[int, int] = {}
-        self._shapes: dict[tuple, tuple[list[str], bytes]] = {}  # _advance_shape's
+        self._shapes: dict[tuple, tuple[list[str], bytes, bytes]] = {}  # _advance_shape's
 
     def _call(self, script: Any, keys: list, args: list) -> Any:
         """``script``, with the scripts' refusals as exceptions: HOPBUSLOST (Redis lost this
@@ -503,13 +505,14 @@ class RunControl:
         *,
         floor: int | None = None,
         floors_of: Sequence[int] = (),
+        neighbours: Sequence[int] = (),
     ) -> tuple[int | None, frozenset[int]]:
         """Enter iteration ``to`` from ``start`` in one atomic step, if TokenQ(j->self) holds
         ``need[j]`` tokens for every live j: take them, publish ``floor`` (if given), set the
         counter, XADD the progress entry, put ``to - start`` tokens for each live j in
         ``put_to``, and read back the floors of ``floors_of`` (into ``self.floors``) and the
         dead workers whose replacement is joining (into ``self.joining``) and, once an id
-        was replaced, the neighbours' incarnations (into ``self.incarnations``).
+        was replaced, the incarnations of ``neighbours`` (into ``self.incarnations``).
 
         Returns (None, dead workers) once entered or, taking nothing, (the first j whose queue
         is short, dead workers)."""
@@ -518,13 +521,13 @@ class RunControl:
         flat = ["worker", str(self.worker), "iter", str(to), "jump", str(jump)]
         for name, value in fields.items():
             flat += [name, str(_field(value))]
-        keys, peers = self._advance_shape(owners, tuple(put_to), tuple(floors_of))
+        shape = (owners, tuple(put_to), tuple(floors_of), tuple(neighbours))
+        keys, peers, watched = self._advance_shape(*shape)
         args = [start, to, PROGRESS_MAXLEN, len(owners), len(put_to), len(floors_of)]
         args += ["" if floor is None else floor, *(need[j] for j in owners)]
         args += [msgpack.packb(flat), peers, self.keys.hb_prefix, self.worker, self.incarnation]
-        res = self._call(self._advance, keys, args)
+        res = self._call(self._advance, keys, [*args, watched])
         self.joining = _members(res[-2])
-        neighbours = (*owners, *put_to)
         self.incarnations = {
             j: read.incarnation_of(n) for j, n in zip(neighbours, res[-1] or (), strict=False)
         }
@@ -534,11 +537,15 @@ class RunControl:
         return None, _members(res[3])
 
     def _advance_shape(
-        self, owners: tuple[int, ...], put_to: tuple[int, ...], floors_of: tuple[int, ...]
-    ) -> tuple[list[str], bytes]:
-        """The Advance's keys and packed peer list for these neighbours: the same every
+        self,
+        owners: tuple[int, ...],
+        put_to: tuple[int, ...],
+        floors_of: tuple[int, ...],
+        neighbours: tuple[int, ...],
+    ) -> tuple[list[str], bytes, bytes]:
+        """The Advance's keys and packed peer lists for these neighbours: the same every
         iteration until a neighbour dies or comes back, so built once per shape."""
-        shape = (owners, put_to, floors_of)
+        shape = (owners, put_to, floors_of, neighbours)
         got = self._shapes.get(shape)
         if got is None:
             k, w = self.keys, self.worker
@@ -554,7 +561,8 @@ class RunControl:
                 k.joining,
                 k.dead,
             ]
-            got = self._shapes[shape] = (keys, msgpack.packb([*owners, *put_to]))
+            packed = msgpack.packb([*owners, *put_to])
+            got = self._shapes[shape] = (keys, packed, msgpack.packb(list(neighbours)))
         return got
 
     # -- store floors (Sec. 6.2) ------------------------------------------------------------------
@@ -728,6 +736,13 @@ class RunControl:
         self._abort_rejoin(
             keys=[k.incarnation, k.joining, k.hb(self.worker)], args=[self.worker, self.incarnation]
         )
+
+    def incarnations_of(self, of: Sequence[int]) -> dict[int, int]:
+        """Workers ``of``'s incarnations now (0: the process that started with the run)."""
+        if not of:
+            return {}
+        found = self.r.hmget(self.keys.incarnation, [str(j) for j in of])
+        return {j: read.incarnation_of(n) for j, n in zip(of, found, strict=True)}
 
     def iterations(self, of: Sequence[int]) -> dict[int, int | None]:
         """Workers ``of``'s iteration counters (None where Redis has none)."""

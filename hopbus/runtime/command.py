@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,7 +147,9 @@ def run_command(
             flush=True,
         )
     pump.join(timeout=5.0)
-    return _outcome(client, keys, worker, redis_url, shown, code, list(tail))
+    program = shutil.which(command[0], path=variables.get("PATH")) or command[0]
+    other = os.path.realpath(program) != os.path.realpath(sys.executable)
+    return _outcome(client, keys, worker, redis_url, shown, code, list(tail), other=other)
 
 
 def _interrupted(url: str, keys: RunKeys, worker: int) -> None:
@@ -180,10 +183,11 @@ def cause(tail: list[str]) -> str:
 
 def _outcome(
     client: redis.Redis, keys: RunKeys, worker: int, url: str, shown: str, code: int,
-    tail: list[str],
+    tail: list[str], *, other: bool = False,
 ) -> int:  # fmt: skip
     """The worker's id if the script finished its part; otherwise ScriptFailed, the run told
-    unless the script said itself (a ``hopbus: error:`` line: it reported what it had to)."""
+    unless the script said itself (a ``hopbus: error:`` line: it reported what it had to).
+    ``other``: the command is another program than the Python hopbus runs in."""
     said = [line[len(ERROR_PREFIX) :] for line in tail if line.startswith(ERROR_PREFIX)]
     if code == 0:
         try:
@@ -204,7 +208,7 @@ def _outcome(
         why = f"worker {worker}: `{shown}` was killed by {signal.Signals(-code).name}"
     else:
         why = f"worker {worker}: `{shown}` exited with status {code}: {cause(tail)}"
-        if "No module named 'hopbus'" in why:  # another Python than the one hopbus is in
+        if other and "No module named 'hopbus'" in why:  # another Python than hopbus's
             why += (
                 f"; hopbus is installed for {sys.executable}: activate its environment, or "
                 f"name that interpreter after --"

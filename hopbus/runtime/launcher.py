@@ -44,6 +44,7 @@ from hopbus.coord.runs import (
     create_run,
     restore_run,
     run_status,
+    said_why,
     set_status,
 )
 from hopbus.data import load_dataset
@@ -484,8 +485,9 @@ class Launcher:
                 pass  # Redis is gone: the summary still tells the run's end
             except redis.ResponseError as exc:  # the status key is not what hopbus wrote there
                 self.notes.append(
-                    f"the run's end could not be recorded in Redis ({self._refused(exc)}); "
-                    "summary.json holds it"
+                    f"Redis at {redact(self.url)} refused to record the run's end "
+                    f"({read.refusal(exc)}): did something else write its keys? summary.json "
+                    "holds it"
                 )
             return outcome
         except KeyboardInterrupt:
@@ -640,12 +642,21 @@ class Launcher:
         counters = self.r.mget([self.keys.iter(i) for i in watched])
         started = {i for i, c in zip(watched, counters, strict=True) if c is not None}
         failure = None
-        for i in self._lapsed(started, set(self._reports())):
+        said = said_why(self.r, self.keys, self.topo.n) if self._missing else {}
+        for i in self._lapsed(started, set(self._reports()), margin=2 * SILENT_LOOK_S):
             whose = "'s replacement" if i in self.rejoined else ""
             still = "" if whose else " (its process is still there: frozen, or cut off)"
-            why = f"{self._name(i)}{whose}: heartbeat gone without a result{still}"
+            told = f": {said[i][1]}" if i in said else still  # why, if it said (ctx.close)
+            why = f"{self._name(i)}{whose}: heartbeat gone without a result{told}"
             failure = failure or self._lose(i, why, gone=False)
         return failure
+
+    def _after_outage(self) -> None:
+        """Redis was away, or came back as another instance: heartbeats missing now may be
+        the outage's (a worker's next beat puts its key back, or its restore does), so none
+        is judged silent before a whole heartbeat TTL has passed."""
+        self._missing = {}
+        self._silent_at = time.monotonic() + self.cfg.heartbeat + SILENT_LOOK_S
 
     def _only_lingering(self) -> bool:
         """Whether every process of the run still running belongs to a worker whose final
@@ -720,7 +731,7 @@ class Launcher:
 
         return names([node], self.topo.n if self.cfg.mode.family is Family.PS else None)
 
-    def _lapsed(self, nodes: set[int], finished: set[int]) -> list[int]:
+    def _lapsed(self, nodes: set[int], finished: set[int], margin: float = 0.0) -> list[int]:
         """Those of ``nodes`` seen without a heartbeat and without a result at every look for
         a whole renewal period (--heartbeat / 3) and at two looks at least: a live node puts
         its heartbeat back within one period, whether a restarted Redis lost it or something
@@ -732,7 +743,7 @@ class Launcher:
         gone = {i for i, beat in beats.items() if read.gone(*beat)}
         seen = {i: self._missing.get(i) for i in gone}
         self._missing = {i: now if t is None else t for i, t in seen.items()}
-        period = self.cfg.heartbeat / 3
+        period = self.cfg.heartbeat / 3 + margin
         return sorted(i for i, t in seen.items() if t is not None and now - t >= period)
 
     def _sync_membership(self) -> str | None:
@@ -752,7 +763,7 @@ class Launcher:
                 self.notes.append(f"{self._name(i)} rejoined in iteration {it} (a replacement)")
         failure = None
         for i in sorted(dead - set(self.lost)):
-            self.lost[i] = f"{self._name(i)} died (heartbeat gone)"
+            self.lost[i] = f"{self._name(i)} was declared dead (the run's dead set holds it)"
             reason = survivable(self.cfg.protocol_settings(), self.topo, set(self.lost))
             if reason is None:
                 self.notes.append(f"{self.lost[i]}; the run goes on without it")
@@ -1039,6 +1050,7 @@ class Launcher:
     def _put_back(self, *, note: bool = True) -> None:
         """Redis answers again: the run's record put back if it restarted without it (the
         workers put back their own state), and said."""
+        self._after_outage()
         back = "Redis is back"
         if not self.r.exists(self.keys.meta):  # it restarted empty
             restore_run(self.r, self.keys, self.cfg.public(), __version__)

@@ -412,8 +412,8 @@ class Node:
         """Wait, holding ``self.cond``, until ``ready()``; the receiver thread notifies on every
         delivery. Every LOOK_S: are this node's threads alive, are ``missing()``'s heartbeats
         there, is the timeout spent. Returns seconds waited. Call with ``self.cond`` held.
-        ``sent_in``: the iteration in which the peers send what is awaited (a timeout then
-        tells a peer still short of it from one whose message did not arrive)."""
+        ``sent_in``: the iteration a peer has begun once it has sent what is awaited (a
+        timeout then tells a peer still short of it from one whose message did not arrive)."""
         if ready():
             return 0.0
         t0 = time.monotonic()

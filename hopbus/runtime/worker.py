@@ -46,7 +46,7 @@ from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import RedisTokenQueues
 from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped
-from hopbus.modes import Mode
+from hopbus.modes import Approach, Mode
 from hopbus.protocol.effects import Advance, Send
 from hopbus.protocol.membership import live, rejoin_iteration, survivable
 from hopbus.protocol.requirements import AcksFrom, Requirement
@@ -99,6 +99,9 @@ class Worker(Node):
         self.joining: frozenset[int] = frozenset()  # dead ones whose replacement is joining
         self._relink: set[int] = set()  # peers seen dead: check their endpoint before sending
         self._incarnations: dict[int, int] = {}  # neighbours' incarnations, as last read
+        self._neighbours: tuple[int, ...] = ()  # whom it sends to (updates, ACKs): setup
+        self._look_before_send = False  # incarnations read before each send too: setup
+        self._parallel = True  # Send right after Advance (Hop's order), not after the step
         # a replacement, until it rejoins: in-neighbour -> iteration -> payload of what it sent
         self._held: dict[int, dict[int, Any]] | None = {} if rejoin else None
         self.rejoined_with: Params | None = None  # a replacement's first parameters
@@ -145,6 +148,9 @@ class Worker(Node):
             max_iteration=cfg.iterations,
         )
         peers = sorted(set(s.out_peers) | (set(s.in_peers) if self.acks else set()))
+        self._neighbours = tuple(peers)  # a replacement among them is looked up (Advance)
+        self._parallel = cfg.protocol_settings().approach is Approach.PARALLEL
+        self._look_before_send = not self._parallel and cfg.mode.uses_backup  # (replacements)
         self._open(
             validator,
             self._deliver,
@@ -229,9 +235,12 @@ class Worker(Node):
         """Wait until ``req`` is ready: (what it takes, seconds waited, whom it waited on)."""
         box = self.box
         what = "ACKs" if isinstance(req, AcksFrom) else "updates"
-        # the oldest iteration whose update counts (bounded staleness: k - s); an ACK is sent
-        # on receipt, not in an iteration of the sender's
-        sent_in = None if isinstance(req, AcksFrom) else getattr(req, "oldest", req.iteration)
+        # the iteration a peer has begun once it has sent an update that counts: the oldest
+        # that does (bounded staleness: k - s), or the one after it in serial order (which
+        # sends after the step); an ACK is sent on receipt, in no iteration of the sender's
+        sent_in = None
+        if not isinstance(req, AcksFrom):
+            sent_in = getattr(req, "oldest", req.iteration) + (0 if self._parallel else 1)
         with self.cond:
             on = () if req.ready(box) else req.missing(box)
             waited = self.wait_for(
@@ -263,7 +272,7 @@ class Worker(Node):
             if owner is None:
                 owner, dead = self.control.try_advance(
                     eff.start, eff.to, need, eff.put_to, fields, floor=self._floor,
-                    floors_of=floors_of,
+                    floors_of=floors_of, neighbours=self._neighbours,
                 )  # fmt: skip
                 self._set_dead(dead, self.control.joining)
                 self._note_incarnations(self.control.incarnations)
@@ -349,6 +358,12 @@ class Worker(Node):
         while joining): a full queue skips it."""
         skip = self.dead - self.joining
         to = live(eff.to, skip) if skip else eff.to
+        if self._look_before_send:
+            # serial order sends after the step: a replacement may have come in since the
+            # Advance read the incarnations (parallel order sends right after it); with Redis
+            # away, the next Advance reads them
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                self._note_incarnations(self.control.incarnations_of(to))
         self._relink_to(to)
         joiners = [j for j in to if j in self.joining]
         unsent: list[int] = []  # declared dead while their queue was full, or joiners' full

@@ -247,7 +247,7 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
     # starts (a few seconds): max_ig iterations ahead of it at most, then they wait
     its, max_ig = 480, 400
     flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
-    flags += ["--iter-time", "0.02", "--heartbeat", "20", "--timeout", "15", "--eval-every", "0"]
+    flags += ["--iter-time", "0.02", "--heartbeat", "20", "--timeout", "60", "--eval-every", "0"]
     flags += ["--max-ig", str(max_ig), "--mode", "backup", "--backup", "1"]
     args, run = train_args(redis_url, tmp_path / "run", *flags)
     keys = RunKeys(run)

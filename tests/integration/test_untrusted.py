@@ -906,7 +906,7 @@ def test_a_dead_set_forged_to_hold_every_worker_fails_the_run(
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     s = json.loads(out)
-    assert not s["finished"] and "died (heartbeat gone)" in s["failure"], s
+    assert not s["finished"] and "was declared dead (the run's dead set holds it)" in s["failure"]
     assert err.strip().splitlines()[-1].startswith(f"hopbus: error: run {keys.run} failed: ")
     assert redis_client.hget(keys.meta, "status") == b"failed"
 
@@ -928,7 +928,7 @@ def test_a_status_key_of_another_type_at_the_end_loses_no_summary(
     s = json.loads(out)
     assert s["finished"] and s["iterations"]["min"] == 150, s
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["finished"]
-    assert "the run's end could not be recorded in Redis" in err, err
+    assert "refused to record the run's end (WRONGTYPE" in err, err
 
 
 def test_a_worker_frozen_at_the_end_is_judged_by_its_heartbeat(redis_url, redis_client, tmp_path):
