@@ -244,8 +244,9 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
     replacement's address (the incarnation its next Advance reads says 3 is a new process), not
     to the dead one's until that queue fills and it waits there until --timeout."""
     # the others must still run, not yet held back by the frozen 4, when the replacement
-    # starts (a few seconds): max_ig iterations ahead of it at most, then they wait
-    its, max_ig = 480, 400
+    # announces itself (seconds, on a busy machine): they stop max_ig iterations ahead of 4,
+    # and would then send it nothing to join by; the widest bound gives them 20 s at least
+    its, max_ig = 1100, 1000
     flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
     flags += ["--iter-time", "0.02", "--heartbeat", "20", "--timeout", "60", "--eval-every", "0"]
     flags += ["--max-ig", str(max_ig), "--mode", "backup", "--backup", "1"]
