@@ -410,6 +410,10 @@ class Worker(Node):
             if self._incarnations.get(j, 0) != n:
                 self._relink.add(j)
                 self._incarnations[j] = n
+                log(
+                    f"{self.who}: worker {j} is a new process (replacement {n}): its address is "
+                    "looked up before the next send to it"
+                )
 
     def _check_alive(self, peers: Sequence[int], what: str) -> list[int]:
         """Those of ``peers`` gone, as Node._check_alive judges, and first those the run's dead

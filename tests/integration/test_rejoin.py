@@ -240,9 +240,10 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
     redis_url, redis_client, tmp_path
 ):
     """Worker 4 is frozen (think: one very long iteration) while its neighbour 3 is killed,
-    declared dead, and replaced: it never sees 3 dead, yet when it goes on it must send to the
-    replacement's address (the incarnation its next Advance reads says 3 is a new process), not
-    to the dead one's until that queue fills and it waits there until --timeout."""
+    declared dead, and replaced: it never sees 3 dead, yet when it goes on it must know 3 for a
+    new process at a new address (the incarnation its next Advance reads), not send to the dead
+    one's until that queue fills and it waits there until --timeout (before: the replacement,
+    counting on 4, gave up after its --timeout, or 4 never sent to it)."""
     # the others must still run, not yet held back by the frozen 4, when the replacement
     # announces itself (seconds, on a busy machine): they stop max_ig iterations ahead of 4,
     # and would then send it nothing to join by; the widest bound gives them 20 s at least
@@ -275,5 +276,8 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
     assert not _events(redis_client, keys, "error")
     s = json.loads(out)
     assert s["finished"] and all(w["iterations"] == its for w in s["per_worker"])
+    # it learned of the new process at its first Advance; whether it then sent to it depends
+    # on how far behind it was (an update older than the replacement still takes is not sent)
     log = (tmp_path / "run" / "logs" / "worker-4.log").read_text()
-    assert f"worker 4: sending to worker {VICTIM}'s replacement at" in log
+    assert f"worker 4: worker {VICTIM} is a new process (replacement 1)" in log, log
+    assert "its address is looked up before the next send to it" in log
