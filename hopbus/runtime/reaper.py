@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -79,27 +80,7 @@ def stop_all(grace_s: float, *, keep: int | None = None) -> list[int]:
     """SIGTERM every process below this one, SIGKILL those still there after ``grace_s``;
     returns the pids it found. ``keep``: a child whose exit status its Popen still has to
     collect (it is signalled, not reaped here)."""
-    found = descendants()
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    left = found
-    try:
-        while left and time.monotonic() < deadline:
-            if keep is None:
-                _reap()
-            time.sleep(0.05)  # polling processes that are no children of a Popen of ours
-            alive = set(descendants())
-            left = [pid for pid in left if pid in alive]
-    except KeyboardInterrupt:  # told to stop now (Ctrl-C, SIGTERM): no grace left, no orphan
-        _kill([*left, *descendants()])
-        raise
-    _kill(left)
-    if keep is None:
-        time.sleep(0.05 if left else 0.0)  # SIGKILL is not instant; reap what it ended
-        _reap()
-    return found
+    return _stop(descendants, grace_s, reap=keep is None)
 
 
 def marked(name: str, value: str) -> list[int]:
@@ -109,37 +90,48 @@ def marked(name: str, value: str) -> list[int]:
     that cleared its environment, or another user's, is not found. Linux only."""
     mark = f"{name}={value}".encode()
     found = []
-    try:
-        entries = list(Path("/proc").iterdir())
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid, (_, state) in _parents().items():
+        if state == "Z" or pid == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue  # gone meanwhile, or not ours to read
-        if mark in environ.split(b"\0") and state[state.rindex(")") + 2] != "Z":
-            found.append(int(entry.name))
+        if mark in environ.split(b"\0"):
+            found.append(pid)
     return found
 
 
 def stop_marked(name: str, value: str, grace_s: float) -> list[int]:
     """SIGTERM the processes ``marked`` finds, SIGKILL those still there after ``grace_s``;
     returns the pids it found."""
-    found = marked(name, value)
+    return _stop(lambda: marked(name, value), grace_s, reap=False)
+
+
+def _stop(find: Callable[[], list[int]], grace_s: float, *, reap: bool) -> list[int]:
+    """SIGTERM what ``find()`` finds, SIGKILL those ``find()`` still finds after ``grace_s``
+    (at once on a Ctrl-C meanwhile: no grace left, no orphan). ``reap``: collect the exit
+    status of this process's own ended children as it goes."""
+    found = find()
     for pid in found:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     left = found
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling for processes that are no children of ours to go
-        alive = set(marked(name, value))
-        left = [pid for pid in left if pid in alive]
+    try:
+        while left and time.monotonic() < deadline:
+            if reap:
+                _reap()
+            time.sleep(0.05)  # polling processes that are no children of a Popen of ours
+            alive = set(find())
+            left = [pid for pid in left if pid in alive]
+    except KeyboardInterrupt:  # told to stop now (Ctrl-C, SIGTERM): no grace left, no orphan
+        _kill([*left, *find()])
+        raise
     _kill(left)
+    if reap:
+        time.sleep(0.05 if left else 0.0)  # SIGKILL is not instant; reap what it ended
+        _reap()
     return found
 
 
