@@ -583,9 +583,10 @@ class Launcher:
         replaced: set[int] = set()
         try:
             failure = self._sync_membership()  # its neighbours may have noticed first
-            if self.rejoined:  # replacements are not our processes: Redis tells
-                replaced = self.rejoined & set(self._reports())
-            failure = failure or self._silent()
+            reported = set(self._reports()) if self.rejoined else None
+            if reported is not None:  # replacements are not our processes: Redis tells
+                replaced = self.rejoined & reported
+            failure = failure or self._silent(reported)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.unanswered = exc  # _follow waits for Redis (_broker_lost) at once
         try:  # a node stopped the run (one it cannot do without died, a model diverged)
@@ -623,14 +624,15 @@ class Launcher:
                 self._note_late({p.worker for p in self.procs if p.code is None})
         return done, failure
 
-    def _silent(self) -> str | None:
+    def _silent(self, reported: set[int] | None = None) -> str | None:
         """The failure, if any, once a worker went silent: without a heartbeat and without a
         result for a renewal period (``_lapsed``), though its neighbours did not declare it
         dead. A replacement is not our process: Redis alone tells when it dies once its
         neighbours are done. One of ours may still run yet be frozen, starved of CPU or cut
         off from Redis at the end, when no neighbour waits on it. Either is judged as a
         neighbour would (``_lose``). A worker without a counter has not started, or has not
-        put it back after a broker restart: not dead. Looked at every SILENT_LOOK_S at most."""
+        put it back after a broker restart: not dead. Looked at every SILENT_LOOK_S at most.
+        ``reported``: the workers whose final report is in, where the caller read them now."""
         now = time.monotonic()
         if now < self._silent_at:
             return None
@@ -643,7 +645,9 @@ class Launcher:
         started = {i for i, c in zip(watched, counters, strict=True) if c is not None}
         failure = None
         said = said_why(self.r, self.keys, self.topo.n) if self._missing else {}
-        for i in self._lapsed(started, set(self._reports()), margin=2 * SILENT_LOOK_S):
+        if reported is None:
+            reported = set(self._reports())
+        for i in self._lapsed(started, reported, margin=2 * SILENT_LOOK_S):
             whose = "'s replacement" if i in self.rejoined else ""
             still = "" if whose else " (its process is still there: frozen, or cut off)"
             told = f": {said[i][1]}" if i in said else still  # why, if it said (ctx.close)

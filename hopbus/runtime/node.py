@@ -467,14 +467,13 @@ class Node:
     def _short_of(self, peers: Sequence[int], iteration: int | None) -> list[tuple[int, int]]:
         """Those of ``peers`` whose counter in Redis is below ``iteration``, with it (none
         when that cannot be read)."""
-        if iteration is None or self.r is None or not peers:
+        if iteration is None or not hasattr(self, "control"):
             return []
         try:
-            found = self.r.mget([self.keys.iter(j) for j in peers])
+            at = self.control.iterations(peers)
         except redis.RedisError:
             return []
-        at = [(j, read.integer(c)) for j, c in zip(peers, found, strict=True)]
-        return [(j, c) for j, c in at if c is not None and c < iteration]
+        return [(j, c) for j, c in at.items() if c is not None and c < iteration]
 
     def await_delivery(self, timeout_s: float) -> None:
         """Wait, holding ``self.cond``, up to ``timeout_s`` for the inbox to deliver something:
