@@ -5,6 +5,7 @@ update's iteration. The run then finishes with all 8, within Table 1 of the whol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from hopbus.runtime.progress import parse_entry
 N, VICTIM, KILL_AT, ITERATIONS = 8, 3, 40, 600
 FLAGS = ["-n", str(N), "--topology", "ring-based", "--iterations", str(ITERATIONS)]
 FLAGS += ["--iter-time", "0.05", "--heartbeat", "2", "--timeout", "30", "--eval-every", "0"]
+BACKUP = ("--mode", "backup", "--backup", "1")
 
 
 def _rejoin(redis_url: str, run: str, worker: int, **env: str) -> subprocess.Popen:
@@ -45,6 +47,21 @@ def _rejoin(redis_url: str, run: str, worker: int, **env: str) -> subprocess.Pop
     )
 
 
+@contextlib.contextmanager
+def _training(redis_url: str, tmp_path, *flags: str):
+    """``hopbus train`` of a run with ``flags``, in the background: (its process, the run id,
+    its keys); whatever of the run still runs at the end is killed, a failed test's too."""
+    args, run = train_args(redis_url, tmp_path / "run", *flags)
+    train = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        yield train, run, RunKeys(run)
+    finally:
+        for p in processes_mentioning(f"--run {run}"):
+            os.kill(p, signal.SIGKILL)
+
+
 def _events(client, keys: RunKeys, kind: str) -> list[dict]:
     return [
         {k.decode(): v.decode() for k, v in fields.items()}
@@ -56,12 +73,7 @@ def _events(client, keys: RunKeys, kind: str) -> list[dict]:
 def test_a_replacement_takes_a_killed_workers_place(redis_url, redis_client, tmp_path):
     """Also: a live worker cannot be replaced, and a replacement that dies while joining
     neither blocks its neighbours nor keeps the next one out."""
-    args, run = train_args(redis_url, tmp_path / "run", *FLAGS, "--mode", "backup", "--backup", "1")
-    keys = RunKeys(run)
-    train = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
-    )
-    try:
+    with _training(redis_url, tmp_path, *FLAGS, *BACKUP) as (train, run, keys):
         wait_iteration(redis_client, keys, 2, 1)
         refused = _rejoin(redis_url, run, 2)  # a live worker cannot be replaced
         wait_iteration(redis_client, keys, VICTIM, KILL_AT)
@@ -83,9 +95,6 @@ def test_a_replacement_takes_a_killed_workers_place(redis_url, redis_client, tmp
         rep_out, rep_err = replacement.communicate(timeout=240)
         out, err = train.communicate(timeout=240)
         _, refused_err = refused.communicate(timeout=60)
-    finally:
-        for p in processes_mentioning(f"--run {run}"):
-            os.kill(p, signal.SIGKILL)
     assert refused.returncode == 1
     assert refused_err.strip().splitlines()[-1] == (
         f"hopbus: error: --rejoin: worker 2 of run {run} cannot be replaced: it is not dead "
@@ -145,12 +154,7 @@ def test_a_worker_declared_dead_while_frozen_leaves_when_it_wakes(
     Woken, before a replacement came in or after one took its id, it must not come back as a
     stranger to token queues that no longer count it: it neither advances nor beats again,
     leaves with one line, posts no error to the run, and leaves the replacement alone."""
-    args, run = train_args(redis_url, tmp_path / "run", *FLAGS, "--mode", "backup", "--backup", "1")
-    keys = RunKeys(run)
-    train = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
-    )
-    try:
+    with _training(redis_url, tmp_path, *FLAGS, *BACKUP) as (train, run, keys):
         wait_iteration(redis_client, keys, VICTIM, KILL_AT)
         (pid,) = processes_mentioning(f"--run {run} --id {VICTIM}")
         os.kill(pid, signal.SIGSTOP)
@@ -165,9 +169,6 @@ def test_a_worker_declared_dead_while_frozen_leaves_when_it_wakes(
             replacement = _rejoin(redis_url, run, VICTIM)
         _, rep_err = replacement.communicate(timeout=240)
         out, err = train.communicate(timeout=240)
-    finally:
-        for p in processes_mentioning(f"--run {run}"):
-            os.kill(p, signal.SIGKILL)
     assert replacement.returncode == 0, rep_err
     assert train.returncode == 0, err
     assert f"worker {VICTIM} of run {run} was declared dead (its heartbeat lapsed" in err
@@ -192,12 +193,7 @@ def test_a_token_wait_ends_when_its_owner_is_declared_dead_though_a_replacement_
     its = 100
     flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
     flags += ["--iter-time", "0.05", "--heartbeat", "20", "--timeout", "60", "--eval-every", "0"]
-    args, run = train_args(redis_url, tmp_path / "run", *flags, "--mode", "backup", "--backup", "1")
-    keys = RunKeys(run)
-    train = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
-    )
-    try:
+    with _training(redis_url, tmp_path, *flags, *BACKUP) as (train, run, keys):
         wait_iteration(redis_client, keys, VICTIM, KILL_AT)
         (pid,) = processes_mentioning(f"--run {run} --id {VICTIM}")
         os.kill(pid, signal.SIGSTOP)
@@ -225,9 +221,6 @@ def test_a_token_wait_ends_when_its_owner_is_declared_dead_though_a_replacement_
         fake.abort_rejoin()  # the run goes on without 3
         os.kill(pid, signal.SIGKILL)
         out, err = train.communicate(timeout=120)
-    finally:
-        for p in processes_mentioning(f"--run {run}"):
-            os.kill(p, signal.SIGKILL)
     assert train.returncode == 0, err
     assert not _events(redis_client, keys, "error")
     s = json.loads(out)
@@ -250,13 +243,8 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
     its, max_ig = 1100, 1000
     flags = ["-n", str(N), "--topology", "ring-based", "--iterations", str(its)]
     flags += ["--iter-time", "0.02", "--heartbeat", "20", "--timeout", "60", "--eval-every", "0"]
-    flags += ["--max-ig", str(max_ig), "--mode", "backup", "--backup", "1"]
-    args, run = train_args(redis_url, tmp_path / "run", *flags)
-    keys = RunKeys(run)
-    train = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
-    )
-    try:
+    flags += ["--max-ig", str(max_ig), *BACKUP]
+    with _training(redis_url, tmp_path, *flags) as (train, run, keys):
         wait_iteration(redis_client, keys, VICTIM, KILL_AT)
         (busy,) = processes_mentioning(f"--run {run} --id 4")
         (victim,) = processes_mentioning(f"--run {run} --id {VICTIM}")
@@ -268,9 +256,6 @@ def test_a_worker_busy_through_a_death_and_its_replacement_sends_to_the_replacem
         os.kill(busy, signal.SIGCONT)
         _, rep_err = replacement.communicate(timeout=120)
         out, err = train.communicate(timeout=120)
-    finally:
-        for p in processes_mentioning(f"--run {run}"):
-            os.kill(p, signal.SIGKILL)
     assert replacement.returncode == 0, rep_err
     assert train.returncode == 0, err
     assert not _events(redis_client, keys, "error")
