@@ -8,10 +8,14 @@ test instead of skipping it: a green CI that skipped the container tests would p
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +81,21 @@ def stack_settings() -> dict[str, str]:
     if isinstance(base, str):
         unavailable(base)
     return dict(base)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def one_stack_at_a_time() -> Iterator[None]:
+    """Hold the engine for one test's stack: the suite runs its files in parallel
+    (``pytest -n 2``), and the compose and swarm tests build the same images and would
+    otherwise share the engine's CPU, and a swarm init, with each other. An flock, so that a
+    test killed midway releases it."""
+    path = Path(tempfile.gettempdir()) / "hopbus-tests-docker-engine.lock"
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def swarm_state() -> str:

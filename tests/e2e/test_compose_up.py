@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from engine import COMPOSE_FILE, ROOT, docker, stack_settings
+from engine import COMPOSE_FILE, ROOT, docker, one_stack_at_a_time, stack_settings
 
 ITERATIONS = 1500  # softmax on digits: seconds, long enough to be seen while it runs
 PASSWORD = "p@ss w/rd:#%?&+"  # every character here means something in a URL
@@ -38,8 +38,9 @@ def stack(tmp_path):
         "RUN_ID": "",  # a fresh run id per run: the default
     }
     env.pop("COMPOSE_FILE", None)
-    yield env
-    down = compose(env, "down", "--volumes")
+    with one_stack_at_a_time():
+        yield env
+        down = compose(env, "down", "--volumes")
     assert down.returncode == 0, down.stderr
     left = docker("volume", "ls", "-q", "--filter", f"name={env['COMPOSE_PROJECT_NAME']}_")
     assert left.stdout.strip() == "", left.stdout  # the results volume went with it

@@ -15,7 +15,15 @@ import os
 import time
 
 import pytest
-from engine import COMPOSE_FILE, ROOT, docker, stack_settings, swarm_state, unavailable
+from engine import (
+    COMPOSE_FILE,
+    ROOT,
+    docker,
+    one_stack_at_a_time,
+    stack_settings,
+    swarm_state,
+    unavailable,
+)
 from test_cli import hopbus
 
 WORKERS = 3
@@ -25,20 +33,21 @@ ITERATIONS = 300
 @pytest.fixture
 def swarm():
     env = {**os.environ, **stack_settings()}
-    state = swarm_state()
-    started = False
-    if state == "inactive":
-        p = docker("swarm", "init", timeout=60)
-        if p.returncode != 0 and "advertise" in p.stderr:  # several addresses: pick loopback
-            p = docker("swarm", "init", "--advertise-addr", "127.0.0.1", timeout=60)
-        assert p.returncode == 0, p.stderr
-        started = True
-    elif state != "active" or docker("node", "ls", timeout=30).returncode != 0:
-        unavailable(f"this engine is in swarm state {state!r}, not a manager")
-    yield env
-    if started:
-        left = docker("swarm", "leave", "--force", timeout=60)
-        assert left.returncode == 0, left.stderr
+    with one_stack_at_a_time():
+        state = swarm_state()
+        started = False
+        if state == "inactive":
+            p = docker("swarm", "init", timeout=60)
+            if p.returncode != 0 and "advertise" in p.stderr:  # several addresses: loopback
+                p = docker("swarm", "init", "--advertise-addr", "127.0.0.1", timeout=60)
+            assert p.returncode == 0, p.stderr
+            started = True
+        elif state != "active" or docker("node", "ls", timeout=30).returncode != 0:
+            unavailable(f"this engine is in swarm state {state!r}, not a manager")
+        yield env
+        if started:
+            left = docker("swarm", "leave", "--force", timeout=60)
+            assert left.returncode == 0, left.stderr
 
 
 def _wait_removed(stack: str) -> None:
