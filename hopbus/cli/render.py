@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hopbus.models.custom import SCRIPT
+
 INF = "∞"
 
 #: Show the W matrix only for graphs this small, every worker's neighbours only up to this many.
@@ -230,10 +232,15 @@ def summary(console: Console, s: dict[str, Any]) -> None:
             rows.append(("bad frames", f"dropped and counted: {text}"))
         acc, loss = s.get("final_accuracy"), s.get("final_loss")
         if acc is not None or loss is not None:  # a regression's script reports a loss only
-            said = [] if acc is None else [f"final test accuracy {acc:.4f}"]
+            # a script's numbers are whatever it evaluated on: fit's validation_data, a
+            # validation_split of its training rows, or what it handed ctx.finish
+            script = cfg.get("model") == SCRIPT
+            what = "" if script else "test "
+            said = [] if acc is None else [f"final {what}accuracy {acc:.4f}"]
             if loss is not None:
-                said.append(f"{'loss' if said else 'final test loss'} {loss:.4f}")
-            rows.append(("model", f"{', '.join(said)} (mean over workers)"))
+                said.append(f"{'loss' if said else f'final {what}loss'} {loss:.4f}")
+            whose = ", as the scripts reported them" if script else ""
+            rows.append(("model", f"{', '.join(said)} (mean over workers{whose})"))
         elif s.get("finished"):
             rows.append(
                 (

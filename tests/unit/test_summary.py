@@ -55,7 +55,8 @@ def test_the_printed_summary_names_the_workers_a_run_went_on_without():
 
 def test_the_summary_table_shows_a_final_loss_without_an_accuracy():
     """A regression's script reports a test loss and no accuracy: the model row says the
-    loss; with both, both; with neither, that none was reported (and how to)."""
+    loss; with both, both; with neither, that none was reported (and how to). A script's
+    numbers are not called test numbers: it may have evaluated on a validation_split."""
     from rich.console import Console
 
     from hopbus.cli import render
@@ -75,3 +76,9 @@ def test_the_summary_table_shows_a_final_loss_without_an_accuracy():
         text = console.export_text()
         assert said in text, text
     assert s["finished"]
+    s["final_accuracy"], s["final_loss"], s["config"]["model"] = 0.96, 0.12, "script"
+    console = Console(record=True, width=200)
+    render.summary(console, s)
+    text = console.export_text()
+    said = "final accuracy 0.9600, loss 0.1200 (mean over workers, as the scripts reported them)"
+    assert said in text, text
