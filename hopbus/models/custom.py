@@ -16,13 +16,16 @@ its type and first line, never with a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,37 @@ SPEC = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_.]*|[^:]+\.py):(?P<func>[A-Za
 
 NUMPY_METHODS = ("init_params", "loss_and_grad", "evaluate")
 """What a numpy model offers (hopbus.models.base.Model)."""
+
+
+TELL_AFTER_S = 15.0
+"""When a user's module or function has run this long (a download, a big file, or a hang),
+hopbus says so on stderr, then once a minute: a silent terminal is never all a user sees."""
+
+
+@contextlib.contextmanager
+def told_while_long(what: str) -> Iterator[None]:
+    """Lines on stderr while ``what`` (the user's code) runs past TELL_AFTER_S: how long so
+    far, and that Ctrl-C stops it. No deadline: a load may rightly take minutes."""
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tell() -> None:
+        wait = TELL_AFTER_S
+        while not done.wait(wait):
+            print(
+                f"hopbus: {what} still running after {time.monotonic() - t0:.0f} s "
+                "(Ctrl-C stops it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            wait = 60.0
+
+    teller = threading.Thread(target=tell, name="hopbus-told-while-long", daemon=True)
+    teller.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def is_callable_spec(spec: str) -> bool:
@@ -60,8 +94,8 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
         raise ConfigError(f"{flag} {spec!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
     module_name, func = m["module"], m["func"]
     try:
-        with native_notices_hidden():  # a Keras module imports TensorFlow
-            module = _import(module_name, flag, spec)
+        with native_notices_hidden(), told_while_long(f"importing {module_name} ({flag})"):
+            module = _import(module_name, flag, spec)  # a Keras module imports TensorFlow
     except ConfigError:
         raise
     except ModuleNotFoundError as exc:
@@ -138,7 +172,8 @@ def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> A
             f"{gives}; the function takes those it names)"
         )
     try:
-        with native_notices_hidden():  # building a Keras model starts TensorFlow's runtime
+        # building a Keras model starts TensorFlow's runtime
+        with native_notices_hidden(), told_while_long(f"{flag} {spec!r}"):
             return fn(**kwargs)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | ConfigError):

@@ -4,6 +4,7 @@ way it can be wrong said in one line."""
 from __future__ import annotations
 
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,27 @@ def test_user_data_is_checked(tmp_path):
 def test_built_in_data_names_are_not_modules():
     with pytest.raises(DataError, match="unknown data set"):
         load_dataset("digits:load")
+
+
+def test_a_user_function_that_runs_long_is_said_on_stderr_until_it_returns(capsys, monkeypatch):
+    """A --data function that downloads, or hangs, is not a silent terminal: past
+    TELL_AFTER_S a line says what is running, for how long, and that Ctrl-C stops it; none
+    comes once it has returned."""
+    from hopbus.models import custom
+
+    monkeypatch.setattr(custom, "TELL_AFTER_S", 0.05)
+    said: list[str] = []
+
+    def slow():  # returns once hopbus has said that it is still running (10 s at most)
+        for _ in range(1000):
+            said.append(capsys.readouterr().err)
+            if "still running" in said[-1]:
+                return 7
+            threading.Event().wait(0.01)
+        return None
+
+    assert custom.call_user(slow, "mine:slow", "--data") == 7
+    line = next(s for s in said if "still running" in s).strip()
+    assert line.startswith("hopbus: --data 'mine:slow' still running after 0 s (Ctrl-C stops it)")
+    assert custom.call_user(lambda: 8, "mine:fast", "--data") == 8
+    assert "still running" not in capsys.readouterr().err
