@@ -34,7 +34,8 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
         _emit_json(s)
     else:
         render.summary(Console(), s)
-    err.print(f"hopbus: results in {launcher.out}", highlight=False, soft_wrap=True)
+    logs = f" (every process's output: {launcher.out / 'logs'})" if outcome.failure else ""
+    err.print(f"hopbus: results in {launcher.out}{logs}", highlight=False, soft_wrap=True)
     if outcome.failure:
         raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
     if s["violations"]:

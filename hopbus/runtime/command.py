@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -27,7 +26,6 @@ from typing import IO, Any
 
 import redis
 
-from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
@@ -36,13 +34,12 @@ from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer
+from hopbus.runtime.last_words import cause
 from hopbus.runtime.node import place_taken, read_run_config, redis_failures
 from hopbus.runtime.reaper import become_subreaper, stop_all
 from hopbus.runtime.worker import report_failure
 
-TAIL_LINES = 3
-"""Lines of a failed script's stderr quoted in the run's failure line (all of it is in the log)."""
-KEPT_LINES = 40  # enough to find a traceback's last "File ..." line
+KEPT_LINES = 200  # enough to find a traceback's header under a long TensorFlow message
 
 STOP_GRACE_S = 5.0
 ERROR_PREFIX = "hopbus: error: "
@@ -160,25 +157,6 @@ def _interrupted(url: str, keys: RunKeys, worker: int) -> None:
         if quick(url).hexists(keys.result, str(worker)):
             return
     report_failure(url, keys.run, worker, INTERRUPTED_LINE, kind=INTERRUPTED)
-
-
-_WHERE = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?\s*$')
-
-
-def cause(tail: list[str]) -> str:
-    """A failed script's last words in one line: a Python traceback's exception with the
-    place it was raised (``TypeError: ... (train.py, line 33, in evaluate)``; a SyntaxError's
-    ``(train.py, line 3)``), else its last lines of stderr joined."""
-    tail = [read.text(line, 1000) or "" for line in tail]  # no escape reaches a terminal
-    if not tail:
-        return "it printed nothing on stderr"
-    last = tail[-1].strip()
-    places = [m for line in tail if (m := _WHERE.match(line))]
-    if places and not _WHERE.match(tail[-1]):
-        m = places[-1]  # a SyntaxError's place names no function
-        where = f", in {m['func']}" if m["func"] else ""
-        return f"{last} ({Path(m['file']).name}, line {m['line']}{where})"
-    return " | ".join(line.strip() for line in tail[-TAIL_LINES:])
 
 
 def _outcome(

@@ -58,8 +58,10 @@ from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
+from hopbus.runtime.command import KEPT_LINES
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
+from hopbus.runtime.last_words import cause
 from hopbus.runtime.own_code import given_env
 from hopbus.runtime.progress import (
     Entry,
@@ -92,6 +94,11 @@ busy machine, slows them; a tenth of a second is still quicker than a display re
 failure needs noticing. A read that comes back full (``FOLLOW_BATCH``) is followed by the
 next at once: the launcher keeps up however fast the workers go."""
 SILENT_LOOK_S = 0.5  # how often the launcher looks for its workers' lapsed heartbeats
+JOIN_GRACE_S = 30.0
+"""A script's copies have --timeout, and at least this long, from their start to enter the run
+(``Launcher._never_joined``): Python, NumPy and TensorFlow alone can take tens of seconds to
+import on a loaded machine, and a small --timeout (meant for a neighbour's update) must not
+end a run whose copies are still importing."""
 FOLLOW_BATCH = 1000
 """Progress entries a read takes at most."""
 
@@ -286,8 +293,9 @@ RESUMED_MARK = "hopbus: --- resumed from iteration "
 
 
 def _last_line(path: Path) -> str:
-    """The node's last word in its log: its last error line, else its last line (of the
-    resumed part only, in a resumed run's log), control characters out."""
+    """The node's last word in its log: its last error line, else its traceback's exception
+    and place, else its last lines (``last_words.cause``; of the resumed part only, in a
+    resumed run's log), control characters out."""
     try:
         lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
@@ -299,7 +307,7 @@ def _last_line(path: Path) -> str:
     if last is not None:
         last = last[len("hopbus: error: ") :]
     elif lines:
-        last = lines[-1]
+        last = cause(lines[-KEPT_LINES:], last=1)
     return read.text(last, 1000) or ""  # a script's words: no escape reaches the terminal
 
 
@@ -378,6 +386,8 @@ class Launcher:
         self._cut = False  # the progress stream was trimmed before this reader began
         self._last_fed: dict[int, tuple[int, int]] = {}  # worker -> its last entry replayed
         self._horizon = (0, 0)  # the newest id under which entries were lost (_loss_horizon)
+        self._spawned_at: float | None = None  # when its processes were started (monotonic)
+        self._entered = False  # a worker of ours has entered the run (_never_joined)
         self._added = 0  # the progress stream's entries-added at the last look (_loss_horizon)
         self._silent_at = 0.0  # when _silent looks at the heartbeats next (monotonic)
         self._read_upto = (0, 0)  # the newest progress entry id read before this look
@@ -415,6 +425,7 @@ class Launcher:
         for i in range(n):
             args = ["worker", "--run", self.keys.run, "--id", str(i), *script]
             self._start(args, logs / f"worker-{i}.log", env, i, f"worker {i}")
+        self._spawned_at = time.monotonic()
 
     def _start(self, args: list[str], log: Path, env: dict[str, str], node: int, name: str) -> None:
         """Start one node, its stdout and stderr into ``log`` (a resumed run's go on after
@@ -586,7 +597,7 @@ class Launcher:
             reported = set(self._reports()) if self.rejoined else None
             if reported is not None:  # replacements are not our processes: Redis tells
                 replaced = self.rejoined & reported
-            failure = failure or self._silent(reported)
+            failure = failure or self._silent(reported) or self._never_joined()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.unanswered = exc  # _follow waits for Redis (_broker_lost) at once
         try:  # a node stopped the run (one it cannot do without died, a model diverged)
@@ -655,6 +666,39 @@ class Launcher:
             failure = failure or self._lose(i, why, gone=False)
         return failure
 
+    def _never_joined(self) -> str | None:
+        """The failure of a script's run none of whose copies has entered it (registered its
+        endpoint, or put up its counter) --timeout, and at least JOIN_GRACE_S, after they were
+        started: a script that never calls hopbus.join() and trains, or hangs before it does.
+        One copy that never comes is its neighbours' to tell (``Node._wait_endpoints``, after
+        --timeout); when none comes, no one waits on anyone, and the run would wait forever."""
+        if not self.command or self._entered or self._spawned_at is None:
+            return None
+        limit = max(self.cfg.timeout, JOIN_GRACE_S)
+        if time.monotonic() - self._spawned_at < limit:
+            return None
+        ours = [p.worker for p in self.procs]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(self.keys.addr, [str(i) for i in ours])
+        pipe.mget([self.keys.iter(i) for i in ours])
+        endpoints, counters = pipe.execute()
+        if any(v is not None for v in (*endpoints, *counters)):
+            self._entered = True
+            return None
+        return (
+            f"no worker entered the run within {limit:g} s of its start: every copy of "
+            f"`{self._shown_command()}` is still running without having joined and begun "
+            "training (each calls hopbus.join(), then model.fit with "
+            "hopbus.keras.HopCallback(ctx), or ctx.start() and ctx.begin()/ctx.end() around its "
+            "steps; a slower start-up? raise --timeout)"
+        )
+
+    def _shown_command(self) -> str:
+        """What its processes run, for a line: the script's command, 80 characters at most,
+        cut in the middle (a long interpreter path before it, the script's name at its end)."""
+        shown = shlex.join(self.command or ["hopbus", "worker"])
+        return shown if len(shown) <= 80 else f"{shown[:30]}...{shown[-47:]}"
+
     def _after_outage(self) -> None:
         """Redis was away, or came back as another instance: heartbeats missing now may be
         the outage's (a worker's next beat puts its key back, or its restore does), so none
@@ -711,10 +755,9 @@ class Launcher:
             self._late.add(i)
             ago = now - self._at_end[i]
             if i in (reported or set()):  # its part is done: what it does now is its own
-                shown = shlex.join(self.command or ["hopbus", "worker"])
-                shown = shown if len(shown) <= 80 else shown[:77] + "..."
                 self.notes.append(
-                    f"{self._name(i)} reported its result, but its process (`{shown}`) has not "
+                    f"{self._name(i)} reported its result, but its process "
+                    f"(`{self._shown_command()}`) has not "
                     f"exited {ago:.0f} s after its last iteration: the run's results are "
                     "complete; the run waits for it to exit (Ctrl-C stops it and ends the run "
                     "as finished)"

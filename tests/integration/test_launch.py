@@ -2,9 +2,9 @@
 COMMAND`` and ``hopbus.join()``, with real scripts, a real redis-server and real processes.
 
 The scripts are plain numpy loops written into the test's folder; faults are injected by name
-(``crash_at``, ``never_joins``, ``other_model``, ``stops_early``, ``alone_in_the_run``,
-``forked_child``) through the script's argument or the run's settings, as a user's bug would
-happen, not through hopbus.
+(``crash_at``, ``never_joins``, ``hangs_before_join``, ``other_model``, ``stops_early``,
+``alone_in_the_run``, ``forked_child``) through the script's argument or the run's settings,
+as a user's bug would happen, not through hopbus.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ if fault in ("daemon", "deaf_daemon") and os.fork() == 0:  # it leaves its sessi
     os._exit(0)
 if fault == "never_joins" and os.environ["HOPBUS_ID"] == str(who):
     sys.exit(0)  # a script that forgot hopbus.join(), as seen from the run
+if fault == "hangs_before_join":  # every copy: e.g. a download that never ends
+    import time
+    time.sleep(600)
 with hopbus.join() as ctx:
     me = ctx.worker
     rows = np.arange(1000)
@@ -220,6 +223,23 @@ def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_p
         (line,) = error_lines(p.stderr)
         assert "worker 1" in line and expected in line, line
         assert not processes_mentioning(str(script))
+
+
+def test_a_run_none_of_whose_copies_ever_joins_ends(redis_url, tmp_path, script):
+    """Fault ``hangs_before_join``: every copy hangs before hopbus.join(), so no worker waits
+    on another and none times out. The launcher ends the run once --timeout, and at least
+    JOIN_GRACE_S (30 s), have passed since it started them: one line, exit status 1, nothing
+    left running (it waited forever before)."""
+    p, s, _ = launch(
+        redis_url, tmp_path / "r", "-n", "2", "--topology", "ring", "--iterations", "20",
+        "--timeout", "2", command=[sys.executable, str(script), "hangs_before_join"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    (line,) = error_lines(p.stderr)
+    assert "no worker entered the run within 30 s of its start: every copy of `" in line, line
+    assert "hangs_before_join` is still running without having joined" in line, line
+    assert s is not None and not s["finished"] and s["failure"] in line
+    assert not processes_mentioning(str(script))
 
 
 @pytest.mark.parametrize(

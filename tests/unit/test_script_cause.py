@@ -1,7 +1,8 @@
-"""A failed script's last words in one line (``hopbus.runtime.command.cause``): what
-``hopbus launch`` says when a copy of the user's script exits with an error."""
+"""A failed script's last words in one line (``hopbus.runtime.last_words.cause``): what
+``hopbus launch`` says when a copy of the user's script exits with an error, and ``hopbus
+train`` when a worker running a user's model does."""
 
-from hopbus.runtime.command import cause
+from hopbus.runtime.last_words import cause
 
 
 def test_an_exception_is_named_with_where_it_was_raised():
@@ -29,3 +30,80 @@ def test_a_syntax_error_is_named_with_its_file_and_line():
 def test_other_output_is_its_last_lines():
     assert cause(["loading", "out of memory"]) == "loading | out of memory"
     assert cause([]) == "it printed nothing on stderr"
+
+
+def test_a_multi_line_message_is_named_by_its_first_line_not_its_last():
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "/home/u/multiline.py", line 1, in <module>',
+        '    raise ValueError("first line\\nsecond line")',
+        "ValueError: first line",
+        "second line",
+    ]
+    assert cause(tail) == "ValueError: first line (multiline.py, line 1, in <module>)"
+
+
+SITE = "/v/lib/python3.11/site-packages"
+
+
+def test_a_keras_lead_in_is_followed_by_its_telling_line_and_the_users_own_frame():
+    """Keras's message starts with a lead-in, coloured, and ends with its arguments; the
+    place is the last frame in the user's code, not Keras's."""
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "/home/u/mymod2.py", line 20, in <module>',
+        "    model.fit(x, y)",
+        f'  File "{SITE}/keras/src/layers/input_spec.py", line 239, in assert_input_compatibility',
+        "    raise ValueError(",
+        "ValueError: Exception encountered when calling Sequential.call().",
+        "",
+        "\x1b[1mInput 0 of layer 'dense' is incompatible with the layer: expected axis -1 of "
+        "input shape to have value 30, but received input with shape (None, 64)\x1b[0m",
+        "",
+        "Arguments received by Sequential.call():",
+        "  \u2022 kwargs=<class 'inspect._empty'>",
+    ]
+    assert cause(tail) == (
+        "ValueError: Exception encountered when calling Sequential.call(). Input 0 of layer "
+        "'dense' is incompatible with the layer: expected axis -1 of input shape to have value "
+        "30, but received input with shape (None, 64) (mymod2.py, line 20, in <module>)"
+    )
+
+
+def test_a_tensorflow_graph_error_says_what_went_wrong_not_its_node():
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "/home/u/kbad.py", line 12, in <module>',
+        "    model.fit(x, y, callbacks=[HopCallback(ctx)])",
+        f'  File "{SITE}/tensorflow/python/eager/execute.py", line 53, in quick_execute',
+        "    tensors = pywrap_tfe.TFE_Py_Execute(ctx._handle, device_name, op_name,",
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:",
+        "",
+        "Detected at node compile_loss/sparse_categorical_crossentropy defined at (most recent "
+        "call last):",
+        '  File "/home/u/kbad.py", line 12, in <module>',
+        "",
+        f'  File "{SITE}/keras/src/backend/tensorflow/nn.py", line 1438, in sparse_categorical',
+        "",
+        "Received a label value of 4 which is outside the valid range of [0, 2).",
+        "\t [[{{node compile_loss/sparse_categorical_crossentropy/SparseSoftmax}}]] "
+        "[Op:__inference_multi_step_on_iterator_671]",
+    ]
+    assert cause(tail) == (
+        "InvalidArgumentError: Graph execution error: Received a label value of 4 which is "
+        "outside the valid range of [0, 2). (kbad.py, line 12, in <module>)"
+    )
+
+
+def test_only_library_frames_name_the_last_of_them():
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 88, in _run_code',
+        f'  File "{SITE}/numpy/core/fromnumeric.py", line 9, in reshape',
+        "    return x",
+        "ValueError: cannot reshape array of size 3 into shape (2,)",
+    ]
+    assert cause(tail) == (
+        "ValueError: cannot reshape array of size 3 into shape (2,) (fromnumeric.py, line 9, "
+        "in reshape)"
+    )
