@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hopbus.data.dataset import DataError, Dataset, check_dense_size
-from hopbus.models.custom import call_user, load_callable
+from hopbus.models.custom import call_user, kind_of, load_callable
 
 MAX_CLASSES = 100_000
 """Integer labels name classes 0..C-1 up to this C: labels beyond it are most likely a
@@ -36,7 +36,7 @@ def load_user_data(spec: str) -> Dataset:
     if not isinstance(got, tuple | list) or len(got) != 4:
         size = f" of {len(got)}" if isinstance(got, tuple | list) else ""
         raise DataError(
-            f"--data {spec!r} returned a {type(got).__name__}{size}: expected 4 arrays, "
+            f"--data {spec!r} returned {kind_of(got)}{size}: expected 4 arrays, "
             "(x_train, y_train, x_test, y_test)"
         )
     names = ("x_train", "y_train", "x_test", "y_test")

@@ -74,6 +74,14 @@ def told_while_long(what: str) -> Iterator[None]:
         done.set()
 
 
+def kind_of(obj: Any) -> str:
+    """What a user's function returned, for a line: ``None``, ``an int``, ``a dict``."""
+    if obj is None:
+        return "None"
+    name = type(obj).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def is_callable_spec(spec: str) -> bool:
     """Whether ``spec`` names a user's function (MODULE:FUNCTION or FILE.py:FUNCTION)."""
     return SPEC.fullmatch(spec.strip()) is not None
@@ -203,7 +211,7 @@ def check_model(obj: Any, spec: str) -> Any:
     if all(callable(getattr(obj, m, None)) for m in NUMPY_METHODS):
         return obj
     raise ConfigError(
-        f"--model {spec!r} returned a {type(obj).__name__}: expected a compiled Keras model, or "
+        f"--model {spec!r} returned {kind_of(obj)}: expected a compiled Keras model, or "
         "an object with init_params(seed), loss_and_grad(params, x, y) and "
         "evaluate(params, x, y) (hopbus.models.base.Model)"
     )
@@ -253,5 +261,6 @@ __all__ = [
     "is_callable_spec",
     "is_keras_model",
     "keras_mode_line",
+    "kind_of",
     "load_callable",
 ]

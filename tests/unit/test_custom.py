@@ -111,7 +111,7 @@ def test_a_model_function_gets_what_it_names_and_must_return_a_model(tmp_path):
         build_model(f"{path}:wrong", 64, 10)
     with pytest.raises(ConfigError, match="raised RuntimeError: no GPU here"):
         build_model(f"{path}:raises", 64, 10)
-    with pytest.raises(ConfigError, match="returned a int"):
+    with pytest.raises(ConfigError, match="returned an int"):
         check_model(3, "m:f")
 
 
