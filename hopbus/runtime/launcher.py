@@ -1280,7 +1280,13 @@ class Launcher:
 
         try:
             raw = self.r.hgetall(self.keys.sketch)
-        except redis.RedisError:  # gone, or another type there: the distance is not known
+        except redis.ResponseError as exc:  # another type there: the distance is not known
+            raw = {}
+            self.notes.append(
+                f"the consensus distance is unknown: Redis refused the workers' sketches in "
+                f"{self.keys.sketch} ({read.refusal(exc)}): did something else write its keys?"
+            )
+        except redis.RedisError:  # gone: the distance is not known
             raw = {}
         sketches = {}
         for k, v in raw.items():

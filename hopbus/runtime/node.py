@@ -625,7 +625,10 @@ class Node:
             values, exact = sketch(params)
             result["sketch_exact"] = exact
             assert self.r is not None
-            self.r.hset(self.keys.sketch, str(self.node), values.tobytes())
+            # another type there: the consensus distance alone is lost (the launcher says
+            # so), not the run's result
+            with contextlib.suppress(redis.ResponseError):
+                self.r.hset(self.keys.sketch, str(self.node), values.tobytes())
         self.publish_result(result, iterations=iterations, final_accuracy=accuracy)
         return result
 

@@ -6,7 +6,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
-``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``hang_before_report`` with a freeze.
+``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``,
+``hang_before_report`` with a freeze.
 """
 
 from __future__ import annotations
@@ -929,6 +930,26 @@ def test_a_status_key_of_another_type_at_the_end_loses_no_summary(
     assert s["finished"] and s["iterations"]["min"] == 150, s
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["finished"]
     assert "refused to record the run's end (WRONGTYPE" in err, err
+
+
+def test_a_sketch_key_of_another_type_loses_only_the_consensus_distance(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``garbled_sketch``: the hash of the workers' parameter sketches replaced by a
+    string while they train. The run finished: it ends so, its consensus distance unknown
+    and said to be (before: each worker's report failed on it, exit 1, 'worker 0: Redis
+    refused a command', the run's end blamed on a lost worker)."""
+    flags = ["-n", "3", "--iterations", "150", "--iter-time", "0.02", "--eval-every", "0"]
+    proc, _, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 0, 30)
+    redis_client.set(keys.sketch, "garbage")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["iterations"]["min"] == 150 and s["final_accuracy"] > 0.5, s
+    assert s["consensus_distance"] is None and s["consensus"] is None, s
+    said = "the consensus distance is unknown: Redis refused the workers' sketches in "
+    assert f"{said}{keys.sketch} (WRONGTYPE" in err, err
 
 
 def test_a_worker_frozen_at_the_end_is_judged_by_its_heartbeat(redis_url, redis_client, tmp_path):
