@@ -2,11 +2,12 @@
 when a copy of a user's script, or a worker running a user's model, exits with an error.
 
 A Python traceback is read as a person reads it: the exception line that follows the last
-frame (not the last line of stderr, which may be the tail of a multi-line message, a Keras
-argument list or a TensorFlow node name), the first telling line of its message where the
-first is only a lead-in (Keras's "Exception encountered when calling ...", TensorFlow's "Graph
-execution error:"), and the place: the last frame in the user's own code, where there is one
-(library frames are where an error surfaced, not what to fix), else the last frame.
+traceback's frames (not the last line of stderr, which may be the tail of a multi-line
+message, a Keras argument list or a TensorFlow node name), the first telling line of its
+message where the first is only a lead-in (Keras's "Exception encountered when calling ...",
+TensorFlow's "Graph execution error:"), and the place: the last frame in the user's own code,
+where there is one (library frames are where an error surfaced, not what to fix), else the
+last frame.
 """
 
 from __future__ import annotations
