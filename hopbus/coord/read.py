@@ -39,7 +39,10 @@ def text(value: Any, limit: int = 2000) -> str | None:
     return value if len(value) <= limit else value[:limit] + "..."
 
 
-_IN_SCRIPT = re.compile(r"^Error running script \(call to [^)]*\): @user_script:\d+: ")
+# Redis 7.0 wraps a Lua script's error in the first, 6.2 also repeats its place (the second)
+_IN_SCRIPT = re.compile(
+    r"^Error running script \(call to [^)]*\): @user_script:\d+: (user_script:\d+: )?"
+)
 
 
 def refusal(exc: BaseException) -> str:
@@ -50,6 +53,13 @@ def refusal(exc: BaseException) -> str:
         said = said.split("caused error: ", 1)[1]
     said = _IN_SCRIPT.sub("", said).split(" script: ", 1)[0]  # Redis 7.0's wrapper, 7.2's
     return (text(said, 200) or type(exc).__name__).strip()
+
+
+def in_script(exc: BaseException) -> bool:
+    """Whether a Redis refusal came from inside one of hopbus's Lua scripts (a value of the
+    run's keys that the script could not use), not from a command of its own."""
+    said = str(exc)
+    return "user_script" in said or said.startswith("Error running script")
 
 
 def stop_reason(value: Any) -> str:

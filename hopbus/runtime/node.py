@@ -73,8 +73,14 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
     ) -> None:
         if isinstance(exc, redis.ResponseError):
             if "HOPBUS" not in str(exc):
+                hint = (
+                    " (in one of hopbus's scripts on the run's keys: do they hold a value "
+                    f"hopbus did not write? hopbus inspect --run {self.run})"
+                    if read.in_script(exc)
+                    else ""
+                )
                 raise RunFailure(
-                    f"{self.who}: Redis refused a command: {read.refusal(exc)}"
+                    f"{self.who}: Redis refused a command: {read.refusal(exc)}{hint}"
                 ) from None
             raise RunFailure(
                 f"{self.who} of run {self.run}: "

@@ -174,3 +174,38 @@ def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
         raw = f'{rest[:-1]}, "{field}": {bad}}}'
         assert read.result(raw, counter=b"30", incarnation=None, iterations=30,
                            beat=FINISHED.encode()) is None, raw  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("said", "reason", "scripted"),
+    [
+        (  # Redis 7.0
+            "Error running script (call to f_ab12): @user_script:7: attempt to perform "
+            "arithmetic on a nil value",
+            "attempt to perform arithmetic on a nil value",
+            True,
+        ),
+        (  # Redis 6.2 repeats the place
+            "Error running script (call to f_ab12): @user_script:7: user_script:7: attempt to "
+            "perform arithmetic on a nil value",
+            "attempt to perform arithmetic on a nil value",
+            True,
+        ),
+        (
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            False,
+        ),
+    ],
+)
+def test_a_refusal_is_its_reason_and_says_whether_a_script_met_it(said, reason, scripted):
+    """What a worker says when Redis refuses: the reason without Redis's wrapping (of either
+    version), and whether it came from inside one of hopbus's scripts, which met a value of
+    the run's keys that hopbus did not write (the worker then says so)."""
+    import redis
+
+    from hopbus.coord import read
+
+    exc = redis.ResponseError(said)
+    assert read.refusal(exc) == reason
+    assert read.in_script(exc) is scripted
