@@ -58,7 +58,7 @@ from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
-from hopbus.runtime.command import KEPT_LINES
+from hopbus.runtime.command import ERROR_PREFIX, KEPT_LINES
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.last_words import cause
@@ -303,9 +303,9 @@ def _last_line(path: Path) -> str:
     marks = [i for i, x in enumerate(lines) if x.startswith(RESUMED_MARK)]
     if marks:
         lines = lines[marks[-1] + 1 :]
-    last = next((x for x in reversed(lines) if x.startswith("hopbus: error: ")), None)
+    last = next((x for x in reversed(lines) if x.startswith(ERROR_PREFIX)), None)
     if last is not None:
-        last = last[len("hopbus: error: ") :]
+        last = last[len(ERROR_PREFIX) :]
     elif lines:
         last = cause(lines[-KEPT_LINES:], last=1)
     return read.text(last, 1000) or ""  # a script's words: no escape reaches the terminal
