@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,10 +16,13 @@ from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
 from hopbus.config import TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
-from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED
+from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 
 def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
@@ -626,8 +629,10 @@ def inspect_cmd(
     """Show a run as Redis holds it: every worker's iteration and state, token queue lengths,
     the iteration gaps against their Table 1 bounds, dropped frames, the latest progress and
     events. Reads Redis only; works while the run goes on and after it ended."""
+    from redis import ResponseError
+
+    from hopbus.coord import read
     from hopbus.coord.client import connect
-    from hopbus.coord.keys import RunKeys
     from hopbus.coord.runs import list_runs as runs_in
     from hopbus.coord.snapshot import snapshot
     from hopbus.errors import ConfigError
@@ -646,11 +651,26 @@ def inspect_cmd(
         elif run is None:
             raise ConfigError("no runs in this Redis; give --run RUN (or --redis URL)")
         return
-    snap = snapshot(client, RunKeys(run), last=last, url=redis)
+    keys = RunKeys(run)
+    try:
+        snap = snapshot(client, keys, last=last, url=redis)
+    except ResponseError as exc:  # WRONGTYPE, say: which key, as Redis's refusal does not say
+        raise ConfigError(
+            f"run {run}: Redis refused a read ({read.refusal(exc)}){_misplaced(client, keys)}"
+        ) from None
     if as_json:
         _emit_json(snap)
     else:
         render.inspect(Console(), snap)
+
+
+def _misplaced(client: Redis, keys: RunKeys) -> str:
+    """``: KEY (a hash; hopbus keeps a string there), ...`` for a refusal's line, or nothing
+    when no key of the run is of another type (the refusal came from elsewhere)."""
+    from hopbus.coord.runs import misplaced
+
+    found = misplaced(client, keys)
+    return f": {', '.join(found)}" if found else ""
 
 
 @app.command("clean")
@@ -673,7 +693,6 @@ def clean_cmd(
     from redis import ResponseError
 
     from hopbus.coord.client import connect
-    from hopbus.coord.keys import RunKeys
     from hopbus.coord.runs import clean_run, status_of
     from hopbus.errors import ConfigError
 
@@ -683,10 +702,10 @@ def clean_cmd(
         status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
     except ResponseError:  # a key of the run of another type (WRONGTYPE): its status unknown
         if not force:
+            which = _misplaced(client, keys) or " (one was replaced by another kind of key)"
             raise ConfigError(
-                f"run {run}'s keys are not all of the types hopbus writes (one was replaced by "
-                "another kind of key), so whether it runs is unknown: pass --force to delete "
-                "them anyway"
+                f"run {run}'s keys are not all of the types hopbus writes{which}, so whether it "
+                "runs is unknown: pass --force to delete them anyway"
             ) from None
         status = "unknown"
     if status == "running" and not force:  # "starting": created, and no worker came yet

@@ -292,6 +292,12 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
         f"gaps now: adjacent {_known(g['max_adjacent'])} (bound {_bound(b['adjacent'])}), any "
         f"pair {_known(g['max_any_pair'])} (bound {_bound(b['any_pair'])})",
     )
+    if snap.get("misplaced"):
+        _line(
+            console,
+            "[yellow]keys that hold another type than hopbus keeps there[/] (something else "
+            f"wrote them): {', '.join(snap['misplaced'])}",
+        )
     tq = snap["token_queues"]
     if tq:
         text = " ".join(f"{q['from']}->{q['to']}:{q['size']}" for q in tq[:48])

@@ -20,6 +20,7 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:dead | set | workers declared dead (heartbeat gone without a result) |
 | hop:{R}:joining | set | dead workers whose replacement is coming in (``hopbus worker --rejoin``) |
 | hop:{R}:stop | string | why the run was stopped (a dead worker it cannot do without, ...) |
+| hop:{R}:incarnation | hash | worker id -> how many replacements took its place (``--rejoin``) |
 | hop:{R}:marks | hash | worker id -> the Redis run id its state was put in (start, restore) |
 | hop:{R}:initial | hash | worker 0's initial parameters as an update's frames: every worker's x_0 |
 | hop:{R}:sketch | hash | worker id -> sketch of its final parameters (consensus distance) |
@@ -57,6 +58,16 @@ FINISHED = "finished"
 """A node's heartbeat key once it is done: written with its final report in one step (and
 kept without a TTL), so a report counts only beside it (coord/read.result): a report written
 by anything else, even while the worker's counter stands at the last iteration, does not."""
+
+KEPT_TYPES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"meta|addr|result|incarnation|marks|initial|sketch|stats:\d+"), "hash"),
+    (re.compile(r"(iter|floor|hb):\d+|joined|stop|group:\d+:\d+"), "string"),
+    (re.compile(r"tok:\d+:\d+"), "list"),
+    (re.compile(r"progress|events"), "stream"),
+    (re.compile(r"dead|joining"), "set"),
+)
+"""The table above as data: the Redis type hopbus keeps under each of a run's key names (after
+``hop:{R}:``). A refusal such as WRONGTYPE names no key; this names the one to look at."""
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -163,6 +174,14 @@ class RunKeys:
 
     def group(self, iteration: int, first: int) -> str:
         return f"{self.prefix}group:{iteration}:{first}"
+
+    def kept_type(self, key: str) -> str | None:
+        """The Redis type hopbus keeps at ``key`` (``KEPT_TYPES``); None for a key that is
+        not one of this run's."""
+        if not key.startswith(self.prefix):
+            return None
+        name = key[len(self.prefix) :]
+        return next((t for pattern, t in KEPT_TYPES if pattern.fullmatch(name)), None)
 
 
 def run_of_key(key: str) -> str | None:

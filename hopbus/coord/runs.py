@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import redis
@@ -214,6 +215,36 @@ def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[
         if kind in SAYS_WHY_GONE and who is not None:
             said.setdefault(who, (kind, read.text(fields.get(b"message"), 300) or kind))
     return said
+
+
+MISPLACED_LOOKED = 100_000
+"""``misplaced`` looks at this many of a run's keys at most (a run of 1,000 workers on a
+ring-based graph has some 10,000)."""
+
+
+def misplaced(client: redis.Redis, keys: RunKeys, most: int = 5) -> list[str]:
+    """The run's keys that hold another type than hopbus keeps there (``KEPT_TYPES``), at most
+    ``most`` of them, each as ``KEY (a hash; hopbus keeps a string there)``: what a WRONGTYPE
+    refusal, which names no key, was about. Empty if Redis cannot say."""
+    found: list[str] = []
+    try:
+        scanned = islice(client.scan_iter(match=keys.pattern, count=1000), MISPLACED_LOOKED)
+        names = sorted(k.decode(errors="replace") for k in scanned)
+        for start in range(0, len(names), 1000):
+            chunk = names[start : start + 1000]
+            pipe = client.pipeline(transaction=False)
+            for name in chunk:
+                pipe.type(name)
+            for name, got in zip(chunk, pipe.execute(), strict=True):
+                kept = keys.kept_type(name)
+                held = got.decode(errors="replace") if isinstance(got, bytes) else str(got)
+                if kept is not None and held not in (kept, "none"):  # none: gone meanwhile
+                    found.append(f"{name} (a {held}; hopbus keeps a {kept} there)")
+                    if len(found) >= most:
+                        return found
+    except redis.RedisError:
+        return found
+    return found
 
 
 def list_runs(client: redis.Redis) -> list[str]:

@@ -15,7 +15,13 @@ from hopbus.config import TrainConfig
 from hopbus.coord import read
 from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, recorded_config, run_status, said_why
+from hopbus.coord.runs import (
+    RunStateError,
+    misplaced,
+    recorded_config,
+    run_status,
+    said_why,
+)
 from hopbus.coord.tokens import queue_sizes, token_edges
 
 
@@ -125,6 +131,7 @@ def snapshot(
         "progress_entries": client.xlen(keys.progress),
         "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
         "results": _results(client, keys, cfg, n, iters, beats),
+        "misplaced": misplaced(client, keys),
     }
 
 

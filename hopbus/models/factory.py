@@ -50,6 +50,12 @@ def build_model(
         return built_keras(check_model(built, name), name, input_shape or (n_features,))
     if n_features < 1:
         raise ConfigError(f"model {name!r}: the data needs at least 1 feature, got {n_features}")
+    if n_classes == 0:  # labels given as floats (hopbus/data/user.py): not classes
+        raise ConfigError(
+            f"model {name!r} classifies, but the data's labels are floats (targets of a "
+            "regression?): give integer labels 0..C-1, or a --model of your own with a loss "
+            "for them"
+        )
     if n_classes < 2:
         raise ConfigError(f"model {name!r}: the data needs at least 2 classes, got {n_classes}")
     if name == "logreg":

@@ -42,6 +42,7 @@ from hopbus.coord.runs import (
     RunStateError,
     clean_run,
     create_run,
+    misplaced,
     restore_run,
     run_status,
     said_why,
@@ -1222,6 +1223,13 @@ class Launcher:
             update_queue_bound=max(bounds) if bounds else None,
             failure=failure,
         )
+        if failure is not None and "WRONGTYPE" in failure and not self.broker_gone:
+            found = misplaced(self.r, self.keys)  # the refusal names no key: these are why
+            if found:
+                self.notes.append(
+                    f"keys of run {self.keys.run} that hold another type than hopbus keeps "
+                    f"there: {', '.join(found)}"
+                )
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
         summary.update(server_model(server))
         summary.update(self._consensus(results, live))

@@ -361,9 +361,9 @@ def test_a_run_whose_meta_changed_type_is_cleaned_with_force(redis_url, redis_cl
     redis_client.set(keys.meta, "x")
     p = hopbus("clean", "--run", run, "--redis", redis_url)
     assert p.returncode == 2 and error_lines(p.stderr) == [
-        f"hopbus: error: run {run}'s keys are not all of the types hopbus writes (one was "
-        "replaced by another kind of key), so whether it runs is unknown: pass --force to "
-        "delete them anyway"
+        f"hopbus: error: run {run}'s keys are not all of the types hopbus writes: "
+        f"{keys.meta} (a string; hopbus keeps a hash there), so whether it runs is unknown: "
+        "pass --force to delete them anyway"
     ], p.stderr
     p = hopbus("clean", "--run", run, "--redis", redis_url, "--force")
     assert p.returncode == 0, p.stderr
@@ -742,12 +742,13 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         assert admin.execute_command("ACL", "GETUSER", f"hop-{run}") is None
 
 
-@pytest.mark.parametrize("key", ["progress", "result", "events"])
+@pytest.mark.parametrize("key", ["progress", "result", "events", "iter:1"])
 def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp_path, key):
     """The launcher's reads meet WRONGTYPE (the progress stream, the reports' hash or the
-    events stream replaced by a string): one line, exit 1, the record says failed, not
-    running, and summary.json keeps what was read, as for any failed run. The stop key's text
-    reaches the terminal without its control characters."""
+    events stream replaced by a string), or a worker's script does (a counter replaced by a
+    hash): one line, exit 1, the record says failed, not running, and summary.json keeps
+    what was read, as for any failed run. The stop key's text reaches the terminal without
+    its control characters. Redis's refusal names no key: a note, and inspect, name it."""
     args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--iterations", "300",
                            "--iter-time", "0.01")  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
@@ -755,8 +756,12 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     keys = RunKeys(run)
     try:
         wait_for(lambda: client.xlen(keys.progress) > 10, 60, "training to start")
-        client.delete(getattr(keys, key))
-        client.set(getattr(keys, key), "not a stream")
+        name, kept = keys.prefix + key, keys.kept_type(keys.prefix + key)
+        client.delete(name)
+        if kept == "string":
+            client.hset(name, "not", "a counter")
+        else:
+            client.set(name, "not a stream")
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -769,6 +774,14 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     assert not processes_mentioning(run)
     s = strict((tmp_path / "run" / "summary.json").read_text())  # what was read is kept
     assert any(x in s["failure"] for x in said) and not s["finished"]
+    held = "hash" if kept == "string" else "string"
+    named = f"{name} (a {held}; hopbus keeps a {kept} there)"
+    assert (
+        f"hopbus: keys of run {run} that hold another type than hopbus keeps there: {named}"
+        in err.decode()
+    )
+    shown = hopbus("inspect", "--run", run, "--redis", redis_url)
+    assert named in shown.stdout + shown.stderr, (shown.stdout, shown.stderr)
 
 
 def test_a_report_forged_before_the_real_one_counts_for_nobody(redis_url, redis_client, tmp_path):

@@ -23,6 +23,32 @@ def test_keys_share_one_hash_tag_and_parse_back():
     assert run_of_key("other:key") is None
 
 
+def test_every_key_of_a_run_has_the_type_its_schema_table_gives():
+    """``kept_type`` is the module docstring's table as data: each row's key, made by RunKeys,
+    has the type its row names; other runs' keys and names outside the table have none."""
+    from hopbus.coord import keys as schema
+
+    k = RunKeys("r1")
+    rows = {
+        line.split("|")[1].strip().replace("{R}", "{r1}"): line.split("|")[2].split()[0]
+        for line in (schema.__doc__ or "").splitlines()
+        if line.startswith("| hop:")
+    }
+    made = {
+        "meta": k.meta, "addr": k.addr, "iter:I": k.iter(3), "floor:I": k.floor(3),
+        "tok:I:J": k.tok(1, 2), "progress": k.progress, "events": k.events, "hb:I": k.hb(0),
+        "stats:I": k.stats(4), "result": k.result, "group:T:G": k.group(10, 2),
+        "joined": k.joined, "dead": k.dead, "joining": k.joining, "stop": k.stop,
+        "incarnation": k.incarnation, "marks": k.marks, "initial": k.initial,
+        "sketch": k.sketch,
+    }  # fmt: skip
+    assert {f"hop:{{r1}}:{name}" for name in made} == set(rows)
+    for name, key in made.items():
+        assert k.kept_type(key) == rows[f"hop:{{r1}}:{name}"], name
+    for other in ("hop:{r2}:meta", "hop:{r1}:iter:x", "hop:{r1}:unknown", "meta"):
+        assert k.kept_type(other) is None, other
+
+
 @pytest.mark.parametrize("bad", ["", "a b", "x}y", "-lead", "a" * 65, "ünï"])
 def test_run_ids_that_cannot_be_keys_or_folders_are_refused(bad):
     with pytest.raises(ConfigError, match="run id"):

@@ -159,6 +159,8 @@ def test_user_data_is_checked(tmp_path):
     assert d.y_train.dtype == np.int64 and d.n_classes == 3 and d.n_features == 16
     f = load_dataset(f"{path}:floats")
     assert f.y_train.dtype == np.float32 and f.n_classes == 0
+    with pytest.raises(ConfigError, match="'softmax' classifies, but the data's labels are floats"):
+        build_model("softmax", n_features=f.n_features, n_classes=f.n_classes)
     for name, expected in [
         ("three", "expected 4 arrays, \\(x_train, y_train, x_test, y_test\\)"),
         ("short", "x_train has 20 rows and y_train 10"),
