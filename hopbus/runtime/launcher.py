@@ -37,7 +37,7 @@ from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
 from hopbus.coord.control import RunControl, broker_id, taken
-from hopbus.coord.keys import FINISHED, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
+from hopbus.coord.keys import FINISHED, INTERRUPTED_LINE, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
     clean_run,
@@ -374,6 +374,7 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
+        self.stopped_summary: dict[str, Any] | None = None  # a run stopped by Ctrl-C: so far
         # in its processes' environment: what they leave behind, setsid and orphaned, is found
         self._mark = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.watched: str | None = None  # hopbus watch: the run id, for config.toml
@@ -1009,12 +1010,21 @@ class Launcher:
                     break
         except KeyboardInterrupt:
             if not self._only_lingering():
+                if self.procs or self.broker is not None:  # a run this process ran, not a watch
+                    self._summarize_stopped(cursor, pending, metrics)
                 raise
             failure = None  # the run is done: its summary is written, as a finished run's
             self._stop_lingering()
         if failure is not None:  # its processes' last counters, before the summary reads them
             self.stop_workers()  # (each leaves them as it goes: Node._last_stats)
-        try:  # every entry up to the end, a failed run's too: the summary tells it all
+        self._catch_up(cursor, pending, metrics)
+        summary = self._summary(failure)
+        return Outcome(summary, summary.get("failure"))
+
+    def _catch_up(self, cursor: str, pending: list[Entry], metrics: TextIO) -> None:
+        """Every progress entry up to the end into the replay and metrics.jsonl, a failed or
+        stopped run's too: the summary tells it all."""
+        try:
             while not self.broker_gone and (
                 entries := read_entries(self.r, self.keys.progress, cursor, count=10_000)
             ):
@@ -1023,8 +1033,18 @@ class Launcher:
             self._feed(pending, metrics, t0=self.t_start)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
             pass  # Redis is gone, or the stream is not one any more: what was read is all
-        summary = self._summary(failure)
-        return Outcome(summary, summary.get("failure"))
+
+    def _summarize_stopped(self, cursor: str, pending: list[Entry], metrics: TextIO) -> None:
+        """A run stopped by Ctrl-C or SIGTERM: its processes stopped, then its summary of
+        what was done (the progress up to the stop, the gaps, the iterations reached), for
+        ``_finish`` to write as summary.json, ``finished: false``, its failure the stop.
+        Redis is asked with a second's patience at most: nothing may hold up the stopping
+        (a second Ctrl-C goes through: it is no Exception)."""
+        self.stop_workers()
+        with contextlib.suppress(Exception):
+            self.r = quick(self.url)
+            self._catch_up(cursor, pending, metrics)
+            self.stopped_summary = self._summary(f"the run was {INTERRUPTED_LINE}")
 
     def _watch_hint(self) -> None:
         """After a Ctrl-C that stopped only this process (a watch): what it left going."""
@@ -1047,8 +1067,9 @@ class Launcher:
                 if at is not None
                 else ""
             )
+            what = "metrics, summary" if self.stopped_summary is not None else "metrics"
             print(
-                f"hopbus: run {self.keys.run} stopped; its metrics and logs so far are in "
+                f"hopbus: run {self.keys.run} stopped; its {what} and logs so far are in "
                 f"{self.out}{then}",
                 file=sys.stderr,
                 flush=True,
@@ -1445,7 +1466,13 @@ def _finish(launcher: Launcher, begins: Callable[[], None] | None = None) -> Out
     with _holding(launcher.out):
         if begins is not None:
             begins()
-        outcome = launcher.run()
+        try:
+            outcome = launcher.run()
+        except KeyboardInterrupt:  # a run stopped here: what it did, said as for any end
+            if launcher.stopped_summary is not None:
+                summary = dumps(launcher.stopped_summary, indent=2)
+                _write_whole(launcher.out / "summary.json", summary + "\n")
+            raise
         summary = dumps(outcome.summary, indent=2)
         _write_whole(launcher.out / "summary.json", summary + "\n")
     return outcome

@@ -547,6 +547,8 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert not processes_mentioning(str(script))
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
+    assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
 
 
 def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, script):

@@ -116,9 +116,14 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     *_, hint, last = err.decode().strip().splitlines()
     assert last == "hopbus: interrupted"
     # how to go on: the set it names is one --resume takes
-    stopped = f"hopbus: run {run} stopped; its metrics and logs so far are in {out}; its"
-    assert hint.startswith(f"{stopped} checkpoints reach iteration "), hint
+    stopped = f"hopbus: run {run} stopped; its metrics, summary and logs so far are in {out};"
+    assert hint.startswith(f"{stopped} its checkpoints reach iteration "), hint
     assert hint.endswith(f"hopbus train --resume {out} goes on from there")
+    # how far it got, said as for any end: strict JSON, not finished, the stop its failure
+    s = json.loads((out / "summary.json").read_text(), parse_constant=float.__call__)
+    assert not s["finished"] and "interrupted (Ctrl-C or SIGTERM)" in s["failure"]
+    reached = newest_complete(out / "checkpoints", 4)
+    assert reached is not None and s["iterations"]["min"] >= reached - 1, s["iterations"]
     assert not processes_mentioning(run)
     assert client.hget(keys.meta, "status") == b"stopped"
     # its workers' heartbeats went with them: inspect says stopped and clean takes it now,
