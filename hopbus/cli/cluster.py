@@ -60,9 +60,16 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             soft_wrap=True,
         )
     if broken:
+        queue = checks.get("first_token_violation")
+        which = (
+            f"; first TokenQ({queue['from']}->{queue['to']}) holds {queue['size']} tokens where "
+            f"Theorem 2 gives {queue['expected']} (pushed into by something else?)"
+            if checks.get("token_invariant_violations") and isinstance(queue, dict)
+            else ""
+        )
         err.print(
             f"hopbus: error: invariant check failed: {', '.join(broken)} (must be 0; "
-            "docs/summary.md)",
+            f"docs/summary.md){which}",
             highlight=False,
             soft_wrap=True,
         )

@@ -1218,16 +1218,14 @@ class Launcher:
                 "they finished?); the workers' logs say how they ended"
             )
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
+        queues: list[dict[str, int]] = []  # those that break Theorem 2, read at a finish
         try:
-            token_check = (
-                token_invariant_violations(
+            if finished and self.cfg.mode.is_hop:
+                queues = token_invariant_violations(
                     self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
                 )
-                if finished and self.cfg.mode.is_hop
-                else None  # not looked at: a run that did not finish (queues mid-flight)
-                if not finished
-                else 0  # no token queues to look at
-            )
+            # not looked at in a run that did not finish (queues mid-flight); none to look at
+            token_check = len(queues) if finished else None  # outside Hop's modes
         except redis.ResponseError as exc:  # a token queue turned into another type
             token_check, finished, failure = None, False, self._refused(exc)
         ends = [r["t"] for r in results.values() if "t" in r]
@@ -1251,6 +1249,7 @@ class Launcher:
                     f"keys of run {self.keys.run} that hold another type than hopbus keeps "
                     f"there: {', '.join(found)}"
                 )
+        summary["checks"]["first_token_violation"] = queues[0] if queues else None
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
         summary.update(server_model(server))
         summary.update(self._consensus(results, live))

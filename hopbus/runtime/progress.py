@@ -460,15 +460,18 @@ def server_model(server: dict[str, Any] | None) -> dict[str, Any]:
 
 def token_invariant_violations(
     client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int, *, dead: set[int] = frozenset()
-) -> int:
+) -> list[dict[str, int]]:
     """Edges where TokenQ(j->i).size != Iter(j) - Iter(i) + max_ig (Theorem 2), read when no
-    worker is half-way through entering an iteration (e.g. after every worker finished). Edges
-    with a dead end are left out: their queues stopped binding when it died."""
+    worker is half-way through entering an iteration (e.g. after every worker finished), each
+    as ``from``, ``to``, ``size`` and the ``expected`` size: which queue, so that the failure
+    can say it. Edges with a dead end are left out: their queues stopped binding when it died."""
     if max_ig <= 0:
-        return 0
+        return []
     iters = [read.integer(v) or 0 for v in client.mget([keys.iter(i) for i in range(topo.n)])]
     edges = [(j, i) for j, i in token_edges(topo) if j not in dead and i not in dead]
     sizes = queue_sizes(client, keys, edges)
-    return sum(
-        int(size != iters[j] - iters[i] + max_ig) for (j, i), size in zip(edges, sizes, strict=True)
-    )
+    return [
+        {"from": j, "to": i, "size": size, "expected": iters[j] - iters[i] + max_ig}
+        for (j, i), size in zip(edges, sizes, strict=True)
+        if size != iters[j] - iters[i] + max_ig
+    ]

@@ -9,6 +9,7 @@ processes (as docker compose runs them: only the heartbeats tell).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,10 +184,15 @@ def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_pat
     assert p.returncode == 3, p.stderr
     assert s is not None and s["finished"] and s["violations"] == 0
     assert s["checks"]["token_invariant_violations"] == 1
-    assert "invariant check failed: token_invariant_violations 1" in p.stderr.splitlines()[-1]
+    last = p.stderr.splitlines()[-1]
+    assert "invariant check failed: token_invariant_violations 1" in last
+    # which queue: worker 1's to the first it puts to, one token over max_ig's 5 at the end
+    assert re.search(r"first TokenQ\(1->[02]\) holds 6 tokens where Theorem 2 gives 5", last)
     assert "Traceback" not in p.stderr
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert on_disk["checks"]["token_invariant_violations"] == 1
+    queue = on_disk["checks"]["first_token_violation"]
+    assert queue["from"] == 1 and queue["size"] == queue["expected"] + 1, queue
 
 
 def test_a_worker_that_dies_after_its_report_fails_nothing(redis_url, tmp_path):
