@@ -39,10 +39,16 @@ def _entries(raw: list) -> list[dict[str, Any]]:
 
 
 def snapshot(
-    client: redis.Redis, keys: RunKeys, *, last: int = 10, url: str | None = None
+    client: redis.Redis,
+    keys: RunKeys,
+    *,
+    last: int = 10,
+    url: str | None = None,
+    types: bool = True,
 ) -> dict[str, Any]:
     """What ``hopbus inspect`` shows of a run (``url``: the Redis named, for the command an
-    unknown run's refusal suggests)."""
+    unknown run's refusal suggests). ``types``: look for keys of another type than hopbus
+    keeps (a SCAN of the keyspace: once for inspect, not on every refresh of hopbus top)."""
     meta = _decode(client.hgetall(keys.meta))
     if not meta:
         raise RunStateError(
@@ -131,7 +137,7 @@ def snapshot(
         "progress_entries": client.xlen(keys.progress),
         "events": _entries(client.xrevrange(keys.events, count=last)) if last else [],
         "results": _results(client, keys, cfg, n, iters, beats),
-        "misplaced": misplaced(client, keys),
+        "misplaced": misplaced(client, keys) if types else [],
     }
 
 

@@ -132,7 +132,9 @@ class TopReader:
                 return
 
     def frame(self) -> TopView:
-        snap = snapshot(self.r, self.keys, last=0)  # raises RunStateError for an unknown run
+        snap = snapshot(
+            self.r, self.keys, last=0, types=False
+        )  # raises RunStateError for an unknown run
         cfg, topo = self._topology(snap["config"])
         self._catch_up()
         sec, usec = self.r.time()
