@@ -139,7 +139,7 @@ def join(
         "rejoin": env.flag(os.environ.get(env.REJOIN)),
     }
     node = worker_for(run, worker, url, script=True, **kw)
-    with redis_failures(node.who, run):
+    with redis_failures(node.who, run, url):
         node._connect()
     board = tensorboard or os.environ.get(env.TENSORBOARD)
     ctx = Context(node, tensorboard=Path(board) if board else None)
@@ -449,7 +449,8 @@ class _Guard:
         from hopbus.runtime.node import redis_failures
 
         try:  # a Redis error: raises its one line instead
-            redis_failures(self.ctx.node.who, self.ctx.run).__exit__(kind, exc, tb)
+            node = self.ctx.node
+            redis_failures(node.who, self.ctx.run, node.redis_url).__exit__(kind, exc, tb)
         except UserError as line:
             self._tell(line)
             raise

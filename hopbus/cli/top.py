@@ -122,7 +122,9 @@ def top_cmd(
     from hopbus.runtime.node import redis_failures
 
     client = connect(redis or DEFAULT_URL, timeout=5)
-    with redis_failures("hopbus top", run or "?"):  # e.g. a broker ACL without a command
+    with redis_failures(
+        "hopbus top", run or "?", redis or DEFAULT_URL
+    ):  # e.g. a broker ACL without a command
         reader = TopReader(client, RunKeys(pick_run(client, run)))
         frame = reader.frame()  # unknown run: one line before anything is drawn
         _show(reader, frame, once=once, interval=interval)

@@ -604,7 +604,7 @@ class RunControl:
             keys=[k.iter(w), k.hb(w), k.result, k.addr],
             args=[w, endpoint, int(time.time() * 1000), heartbeat_ms],
         )
-        return read.text(res) or None
+        return _why_taken(self.r, k, w, read.text(res))
 
     def taken(self) -> str | None:
         """Why this worker's place cannot be claimed (claim's own check, taking nothing), or
@@ -791,10 +791,19 @@ def taken(client: Any, keys: RunKeys, worker: int, script: Any = None) -> str | 
     """``RunControl.taken`` for a caller with no RunControl of that worker: why its place
     cannot be claimed, or None while it is free (``script``: a ``Lua`` of ``_VACANT``)."""
     check = script if script is not None else Lua(client, _VACANT)
-    return (
-        read.text(check(keys=[keys.iter(worker), keys.hb(worker), keys.result], args=[worker]))
-        or None
-    )
+    said = read.text(check(keys=[keys.iter(worker), keys.hb(worker), keys.result], args=[worker]))
+    return _why_taken(client, keys, worker, said)
+
+
+def _why_taken(client: Any, keys: RunKeys, worker: int, said: str | None) -> str | None:
+    """The claim's refusal, unless the keys it looked at are of another type than hopbus
+    keeps (its counter made a hash: no process had the place, something else wrote them)."""
+    if not said:
+        return None
+    from hopbus.coord.runs import ANOTHER_TYPE, of_another_type
+
+    found = of_another_type(client, keys, [keys.iter(worker), keys.hb(worker), keys.result])
+    return f"its keys {ANOTHER_TYPE}: {', '.join(found)}" if found else said
 
 
 def broker_id(client: Any) -> str:

@@ -222,29 +222,42 @@ MISPLACED_LOOKED = 100_000
 ring-based graph has some 10,000)."""
 
 
-def misplaced(client: redis.Redis, keys: RunKeys, most: int = 5) -> list[str]:
-    """The run's keys that hold another type than hopbus keeps there (``KEPT_TYPES``), at most
-    ``most`` of them, each as ``KEY (a hash; hopbus keeps a string there)``: what a WRONGTYPE
-    refusal, which names no key, was about. Empty if Redis cannot say."""
+ANOTHER_TYPE = "hold another type than hopbus keeps there"
+"""How a line says that keys of a run were written by something else (``misplaced``)."""
+
+
+def of_another_type(
+    client: redis.Redis, keys: RunKeys, names: list[str], most: int = 5
+) -> list[str]:
+    """Those of ``names`` (keys of the run) that hold another type than hopbus keeps there
+    (``KEPT_TYPES``), at most ``most``, each as ``KEY (a hash; hopbus keeps a string there)``."""
     found: list[str] = []
+    for start in range(0, len(names), 1000):
+        chunk = names[start : start + 1000]
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            pipe.type(name)
+        for name, got in zip(chunk, pipe.execute(), strict=True):
+            kept = keys.kept_type(name)
+            held = got.decode(errors="replace") if isinstance(got, bytes) else str(got)
+            if kept is not None and held not in (kept, "none"):  # none: gone meanwhile
+                found.append(f"{name} (a {held}; hopbus keeps a {kept} there)")
+                if len(found) >= most:
+                    return found
+    return found
+
+
+def misplaced(client: redis.Redis, keys: RunKeys, most: int = 5) -> list[str]:
+    """The run's keys that hold another type than hopbus keeps there, at most ``most`` of
+    them (``of_another_type``): what a WRONGTYPE refusal, which names no key, was about.
+    Empty if Redis cannot say."""
     try:
         scanned = islice(client.scan_iter(match=keys.pattern, count=1000), MISPLACED_LOOKED)
-        names = sorted(k.decode(errors="replace") for k in scanned)
-        for start in range(0, len(names), 1000):
-            chunk = names[start : start + 1000]
-            pipe = client.pipeline(transaction=False)
-            for name in chunk:
-                pipe.type(name)
-            for name, got in zip(chunk, pipe.execute(), strict=True):
-                kept = keys.kept_type(name)
-                held = got.decode(errors="replace") if isinstance(got, bytes) else str(got)
-                if kept is not None and held not in (kept, "none"):  # none: gone meanwhile
-                    found.append(f"{name} (a {held}; hopbus keeps a {kept} there)")
-                    if len(found) >= most:
-                        return found
+        return of_another_type(
+            client, keys, sorted(k.decode(errors="replace") for k in scanned), most
+        )
     except redis.RedisError:
-        return found
-    return found
+        return []
 
 
 def list_runs(client: redis.Redis) -> list[str]:

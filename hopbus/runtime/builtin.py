@@ -36,7 +36,7 @@ def train_builtin(node: Worker) -> dict[str, Any]:
     """Join, train the run's model to the end, report; returns this worker's result."""
     ctx = Context(node, tensorboard=node.tensorboard_dir, report=False)  # the CLI reports
     try:
-        with redis_failures(node.who, node.keys.run):
+        with redis_failures(node.who, node.keys.run, node.redis_url):
             node._connect()
             cfg = node.cfg
             data = load_dataset(cfg.data, cfg.seed, keep=(node.worker, cfg.workers, cfg.seed))

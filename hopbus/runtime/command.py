@@ -94,7 +94,7 @@ def run_command(
     keys = RunKeys(run)
     who = "worker" if worker is None else f"worker {worker}"
     wait = timeout or 60.0
-    with redis_failures(who, run):
+    with redis_failures(who, run, redis_url):
         client = connect(redis_url, timeout=wait)
         cfg, topo = read_run_config(client, keys, wait)
         check_trainer(cfg, run, script=True)

@@ -57,7 +57,7 @@ def worker_for(
             raise ConfigError("--rejoin and --resume-from do not go together")
     keys = RunKeys(run)
     timeout = kw.get("timeout") or TrainConfig.model_fields["timeout"].default
-    with redis_failures("worker" if worker is None else f"worker {worker}", run):
+    with redis_failures("worker" if worker is None else f"worker {worker}", run, redis_url):
         client = connect(redis_url, timeout=timeout)
         cfg, topo = read_run_config(client, keys, timeout)
         check_trainer(cfg, run, script=script)

@@ -39,6 +39,7 @@ from hopbus.coord.client import attempts, check_url, connect, quick, redact, scr
 from hopbus.coord.control import RunControl, broker_id, taken
 from hopbus.coord.keys import FINISHED, INTERRUPTED_LINE, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
 from hopbus.coord.runs import (
+    ANOTHER_TYPE,
     RunStateError,
     clean_run,
     create_run,
@@ -1246,8 +1247,7 @@ class Launcher:
             found = misplaced(self.r, self.keys)  # the refusal names no key: these are why
             if found:
                 self.notes.append(
-                    f"keys of run {self.keys.run} that hold another type than hopbus keeps "
-                    f"there: {', '.join(found)}"
+                    f"keys of run {self.keys.run} that {ANOTHER_TYPE}: {', '.join(found)}"
                 )
         summary["checks"]["first_token_violation"] = queues[0] if queues else None
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)

@@ -25,10 +25,17 @@ import zmq
 
 from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
-from hopbus.coord.client import attempts, connect
+from hopbus.coord.client import attempts, connect, quick, redis_flag
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
 from hopbus.coord.keys import FINISHED, RunKeys
-from hopbus.coord.runs import RunStateError, load_config, recorded_config, said_why
+from hopbus.coord.runs import (
+    ANOTHER_TYPE,
+    RunStateError,
+    load_config,
+    misplaced,
+    recorded_config,
+    said_why,
+)
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.runtime.address import advertised
@@ -60,10 +67,10 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
     """Redis errors as one line naming the node; the Lua scripts' refusals explained. A class,
     not a generator: the workers enter it around every step."""
 
-    __slots__ = ("run", "who")
+    __slots__ = ("run", "url", "who")
 
-    def __init__(self, who: str, run: str) -> None:
-        self.who, self.run = who, run
+    def __init__(self, who: str, run: str, url: str | None = None) -> None:
+        self.who, self.run, self.url = who, run, url
 
     def __enter__(self) -> None:
         return None
@@ -75,12 +82,13 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
             if "HOPBUS" not in str(exc):
                 hint = (
                     " (in one of hopbus's scripts on the run's keys: do they hold a value "
-                    f"hopbus did not write? hopbus inspect --run {self.run})"
+                    f"hopbus did not write? hopbus inspect --run {self.run}{redis_flag(self.url)})"
                     if read.in_script(exc)
                     else ""
                 )
                 raise RunFailure(
-                    f"{self.who}: Redis refused a command: {read.refusal(exc)}{hint}"
+                    f"{self.who}: Redis refused a command: {read.refusal(exc)}{self._which(exc)}"
+                    f"{hint}"
                 ) from None
             raise RunFailure(
                 f"{self.who} of run {self.run}: "
@@ -90,9 +98,24 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
         if isinstance(exc, redis.RedisError):
             raise RunFailure(f"{self.who} lost Redis: {exc}") from None
 
+    def _which(self, exc: redis.ResponseError) -> str:
+        """For a WRONGTYPE refusal, which names no key: ``; KEY (a hash; ...)`` for the keys
+        of the run of another type than hopbus keeps, looked up on a client of its own with
+        a second's patience (the refusal's own client may be mid-pipeline)."""
+        if self.url is None or "WRONGTYPE" not in str(exc):
+            return ""
+        with contextlib.suppress(Exception):  # a hint: nothing may hide the refusal itself
+            found = misplaced(quick(self.url), RunKeys(self.run))
+            if found:
+                return f"; keys that {ANOTHER_TYPE}: {', '.join(found)}"
+        return ""
+
 
 def place_taken(who: str, run: str, node: int, why: str) -> RunStateError:
-    """The refusal of a process whose place in the run another has or had."""
+    """The refusal of a process whose place in the run another has or had, or whose keys
+    something else wrote (``_why_taken``)."""
+    if ANOTHER_TYPE in why:
+        return RunStateError(f"{who} of run {run} cannot take its place: {why}")
     return RunStateError(
         f"{who} of run {run} is taken: {why} (is `hopbus worker --id {node}` running twice?)"
     )
@@ -641,7 +664,7 @@ class Node:
     def run_loop(self) -> dict[str, Any]:
         """Join, run, report; returns this node's result."""
         try:
-            with redis_failures(self.who, self.keys.run):
+            with redis_failures(self.who, self.keys.run, self.redis_url):
                 self._connect()
                 self._setup()
                 return self._drive()

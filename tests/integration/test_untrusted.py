@@ -6,7 +6,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``never_started``, ``gave_up_alone``, ``late_watch``, ``interrupted_watch``, ``forged_endpoint``,
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
-``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``,
+``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze.
 """
 
@@ -782,6 +782,31 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     )
     shown = hopbus("inspect", "--run", run, "--redis", redis_url)
     assert named in shown.stdout + shown.stderr, (shown.stdout, shown.stderr)
+
+
+def test_workers_whose_keys_something_else_wrote_name_them(redis_url, redis_client):
+    """Fault ``garbled_before_join``: a created run whose counter of worker 1 was made a hash
+    and whose stats of worker 2 a string. Worker 1 was refused as if another process had
+    started it ('is taken: it started already'), worker 2 failed on WRONGTYPE naming no key:
+    each now names the keys of another type, and no refused process writes into the run."""
+    run = f"garbled{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "3", "--iterations", "50", "--redis", redis_url)
+    assert created.returncode == 0, created.stderr
+    keys = RunKeys(run)
+    redis_client.hset(keys.iter(1), "not", "a counter")
+    redis_client.set(keys.stats(2), "not a hash")
+    flags = ["--run", run, "--redis", redis_url, "--timeout", "20"]
+    p = hopbus("worker", *flags, "--id", "1")
+    assert p.returncode == 2 and error_lines(p.stderr) == [
+        f"hopbus: error: worker 1 of run {run} cannot take its place: its keys hold another "
+        f"type than hopbus keeps there: {keys.iter(1)} (a hash; hopbus keeps a string there)"
+    ], p.stderr
+    assert redis_client.hget(keys.addr, "1") is None  # refused: wrote nothing
+    p = hopbus("worker", *flags, "--id", "2")
+    (last,) = error_lines(p.stderr)
+    assert p.returncode == 1 and "WRONGTYPE" in last, p.stderr
+    assert f"{keys.stats(2)} (a string; hopbus keeps a hash there)" in last, last
+    assert f"{keys.iter(1)} (a hash; hopbus keeps a string there)" in last, last
 
 
 def test_a_report_forged_before_the_real_one_counts_for_nobody(redis_url, redis_client, tmp_path):
