@@ -1243,7 +1243,12 @@ class Launcher:
             update_queue_bound=max(bounds) if bounds else None,
             failure=failure,
         )
-        if failure is not None and "WRONGTYPE" in failure and not self.broker_gone:
+        if (
+            failure is not None
+            and "WRONGTYPE" in failure
+            and ANOTHER_TYPE not in failure  # a worker's line that names them already
+            and not self.broker_gone
+        ):
             found = misplaced(self.r, self.keys)  # the refusal names no key: these are why
             if found:
                 self.notes.append(
