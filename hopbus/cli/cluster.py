@@ -60,7 +60,7 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             soft_wrap=True,
         )
     if broken:
-        queue = checks.get("first_token_violation")
+        queue = s.get("first_token_violation")
         which = (
             f"; first TokenQ({queue['from']}->{queue['to']}) holds {queue['size']} tokens where "
             f"Theorem 2 gives {queue['expected']} (pushed into by something else?)"

@@ -636,9 +636,10 @@ class RunControl:
         report = {**result, "incarnation": self.incarnation}  # whose it is: read.result
         self._call(self._finish, keys, [w, dumps(report), finished, self.incarnation])
 
-    def publish_stats(self, stats: Mapping[str, int]) -> None:
+    def publish_stats(self, stats: Mapping[str, int], client: redis.Redis | None = None) -> None:
+        """This node's counters (``client``: another than its own, e.g. a quick one)."""
         if stats:
-            self.r.hset(self.keys.stats(self.worker), mapping=dict(stats))
+            (client or self.r).hset(self.keys.stats(self.worker), mapping=dict(stats))
 
     # -- liveness and membership (protocol/membership.py) ----------------------------------
     def declare_dead(self, worker: int, *, force: bool = False) -> bool:

@@ -60,14 +60,15 @@ kept without a TTL), so a report counts only beside it (coord/read.result): a re
 by anything else, even while the worker's counter stands at the last iteration, does not."""
 
 KEPT_TYPES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"meta|addr|result|incarnation|marks|initial|sketch|stats:\d+"), "hash"),
-    (re.compile(r"(iter|floor|hb):\d+|joined|stop|group:\d+:\d+"), "string"),
-    (re.compile(r"tok:\d+:\d+"), "list"),
+    (re.compile(r"meta|addr|result|incarnation|marks|initial|sketch|stats:[0-9]+"), "hash"),
+    (re.compile(r"(iter|floor|hb):[0-9]+|joined|stop|group:[0-9]+:[0-9]+"), "string"),
+    (re.compile(r"tok:[0-9]+:[0-9]+"), "list"),
     (re.compile(r"progress|events"), "stream"),
     (re.compile(r"dead|joining"), "set"),
 )
 """The table above as data: the Redis type hopbus keeps under each of a run's key names (after
-``hop:{R}:``). A refusal such as WRONGTYPE names no key; this names the one to look at."""
+``hop:{R}:``; ids in ASCII digits, as hopbus writes them). A refusal such as WRONGTYPE names no
+key; this names the one to look at."""
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

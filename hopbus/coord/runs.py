@@ -253,9 +253,13 @@ def misplaced(client: redis.Redis, keys: RunKeys, most: int = 5) -> list[str]:
     Empty if Redis cannot say."""
     try:
         scanned = islice(client.scan_iter(match=keys.pattern, count=1000), MISPLACED_LOOKED)
-        return of_another_type(
-            client, keys, sorted(k.decode(errors="replace") for k in scanned), most
+        # the keys every run has first (meta, result, ...), then those of each worker: a
+        # crowd of look-alikes (hb:12345...) cannot push them off the list
+        names = sorted(
+            (k.decode(errors="replace") for k in scanned),
+            key=lambda name: (any(c.isdigit() for c in name[len(keys.prefix) :]), name),
         )
+        return of_another_type(client, keys, names, most)
     except redis.RedisError:
         return []
 
@@ -286,7 +290,11 @@ def stop_for_removal(client: redis.Redis, keys: RunKeys, patience_s: float) -> i
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.get(name).pttl(name)
-        got = pipe.execute() if names else []
+        # a key under hb: of another type (written by something else) beats for nobody
+        got = [
+            None if isinstance(x, redis.ResponseError) else x
+            for x in (pipe.execute(raise_on_error=False) if names else [])
+        ]
         beating = sum(read.beating(v, t) for v, t in zip(got[::2], got[1::2], strict=True))
         if not beating or time.monotonic() >= deadline:
             return beating

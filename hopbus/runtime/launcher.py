@@ -339,6 +339,10 @@ def _named(name: str, line: str) -> str:
 
 
 class Launcher:
+    follows_only = False
+    """Whether it only follows a run others run (hopbus watch): a Ctrl-C then stops the
+    watch, not the run, and writes no summary."""
+
     def __init__(
         self,
         cfg: TrainConfig,
@@ -376,6 +380,7 @@ class Launcher:
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.stopped_summary: dict[str, Any] | None = None  # a run stopped by Ctrl-C: so far
+        self._stop_by: float | None = None  # when its processes' grace ends, once stopping
         # in its processes' environment: what they leave behind, setsid and orphaned, is found
         self._mark = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.watched: str | None = None  # hopbus watch: the run id, for config.toml
@@ -458,7 +463,9 @@ class Launcher:
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        if self._stop_by is None:  # one grace for the run: a second call (after a second
+            self._stop_by = time.monotonic() + STOP_GRACE_S  # Ctrl-C) does not start it again
+        deadline = self._stop_by
         for p in live:
             try:
                 p.popen.wait(max(0.0, deadline - time.monotonic()))
@@ -507,11 +514,12 @@ class Launcher:
         except KeyboardInterrupt:
             # a watcher leaves the run's status alone, and a recorded end stays
             if (self.procs or self.broker is not None) and not ended:
+                finished = bool(self.stopped_summary and self.stopped_summary["finished"])
                 with contextlib.suppress(Exception):  # a second at most, even if Redis froze
-                    set_status(quick(self.url), self.keys, "stopped")
-                    stopped = True
+                    set_status(quick(self.url), self.keys, "finished" if finished else "stopped")
+                    stopped = not finished
                 self._resume_hint()
-            elif not ended:
+            elif not ended and self.follows_only:
                 self._watch_hint()
             raise
         except redis.ResponseError as exc:  # e.g. a key of the run holding another type
@@ -1010,8 +1018,9 @@ class Launcher:
                 if failure is not None or done:
                     break
         except KeyboardInterrupt:
+            self.r = quick(self.url)  # from here on: a frozen Redis holds up no stop
             if not self._only_lingering():
-                if self.procs or self.broker is not None:  # a run this process ran, not a watch
+                if not self.follows_only:
                     self._summarize_stopped(cursor, pending, metrics)
                 raise
             failure = None  # the run is done: its summary is written, as a finished run's
@@ -1043,9 +1052,18 @@ class Launcher:
         (a second Ctrl-C goes through: it is no Exception)."""
         self.stop_workers()
         with contextlib.suppress(Exception):
-            self.r = quick(self.url)
+            try:
+                self.r.ping()
+            except redis.RedisError:  # frozen or gone: the progress read so far is all
+                self.broker_gone = True
             self._catch_up(cursor, pending, metrics)
-            self.stopped_summary = self._summary(f"the run was {INTERRUPTED_LINE}")
+            # a process that finished its part in the grace (one that ignores SIGTERM, or
+            # was about to end): with every report in, the run did finish
+            live = set(range(self.topo.n)) - set(self.lost)
+            done = not self.broker_gone and live <= set(self._reports())
+            self.stopped_summary = self._summary(
+                None if done else f"the run was {INTERRUPTED_LINE}"
+            )
 
     def _watch_hint(self) -> None:
         """After a Ctrl-C that stopped only this process (a watch): what it left going."""
@@ -1061,6 +1079,14 @@ class Launcher:
         """After a Ctrl-C that stopped the run: where what it wrote is (its metrics and
         logs so far), and how to go on, where its checkpoints allow."""
         with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
+            if self.stopped_summary is not None and self.stopped_summary["finished"]:
+                print(
+                    f"hopbus: run {self.keys.run} finished as it was stopped (every worker's "
+                    f"final report is in); its results are in {self.out}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             at = newest_complete(self.out / CHECKPOINTS, self.topo.n)
             then = (
                 f"; its checkpoints reach iteration {at}: hopbus train --resume {self.out} goes "
@@ -1254,7 +1280,7 @@ class Launcher:
                 self.notes.append(
                     f"keys of run {self.keys.run} that {ANOTHER_TYPE}: {', '.join(found)}"
                 )
-        summary["checks"]["first_token_violation"] = queues[0] if queues else None
+        summary["first_token_violation"] = queues[0] if queues else None  # checks: all counts
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
         summary.update(server_model(server))
         summary.update(self._consensus(results, live))
@@ -1281,7 +1307,8 @@ class Launcher:
             summary["resumed_from"] = self.resume_from
             summary["resumed_at_s"] = round(self.t_offset, 6)  # metrics.jsonl's t at the resume
         with contextlib.suppress(redis.RedisError):  # worker 0's x_0: the big key, not needed now
-            self.r.delete(self.keys.initial)
+            if not self.broker_gone:
+                self.r.delete(self.keys.initial)
         return summary
 
     def _diverged(self, failure: str | None) -> dict[str, Any] | None:
@@ -1289,7 +1316,7 @@ class Launcher:
         ``iteration``, ``what``; None if none did. Only the one the run's failure names (the
         worker whose stop won writes the event): a forged event in a run that finished, or
         failed otherwise, is no divergence."""
-        if failure is None:
+        if failure is None or self.broker_gone:
             return None
         try:
             for _, rec in read_all(self.r, self.keys.events, events=True):
@@ -1312,7 +1339,7 @@ class Launcher:
         from hopbus.consensus import distance
 
         try:
-            raw = self.r.hgetall(self.keys.sketch)
+            raw = {} if self.broker_gone else self.r.hgetall(self.keys.sketch)
         except redis.ResponseError as exc:  # another type there: the distance is not known
             raw = {}
             self.notes.append(
@@ -1353,6 +1380,8 @@ class Watcher(Launcher):
         self._said: dict[int, str] = {}  # a node's error event: why, once its heartbeat is gone
         # a process that failed before taking its place (JOIN_FAILED): why, and since when
         self._join_failed: dict[int, tuple[str, float]] = {}
+
+    follows_only = True
 
     def _start_broker(self) -> None:
         assert self.redis_url is not None

@@ -697,8 +697,8 @@ class Node:
         dead, whose place a replacement may hold."""
         if heartbeat.declared_dead:
             return
-        with contextlib.suppress(redis.RedisError):
-            self.control.publish_stats(self.stats())
+        with contextlib.suppress(redis.RedisError):  # a second's patience: a frozen Redis
+            self.control.publish_stats(self.stats(), quick(self.redis_url))  # holds no exit
 
     def _outboxes(self) -> list[Outbox]:
         return [self.outbox] if self.outbox is not None else []

@@ -191,7 +191,7 @@ def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_pat
     assert "Traceback" not in p.stderr
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert on_disk["checks"]["token_invariant_violations"] == 1
-    queue = on_disk["checks"]["first_token_violation"]
+    queue = on_disk["first_token_violation"]
     assert queue["from"] == 1 and queue["size"] == queue["expected"] + 1, queue
 
 

@@ -51,6 +51,10 @@ if fault == "hangs_before_join":  # every copy: e.g. a download that never ends
     time.sleep(600)
 with hopbus.join() as ctx:
     me = ctx.worker
+    if fault == "deaf":  # to the stop's SIGTERM and SIGINT: it goes on to its end
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     rows = np.arange(1000)
     mine = ctx.shard(rows)
     print("shard", me, ",".join(map(str, mine[:5])), len(mine), flush=True)
@@ -549,6 +553,32 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
+
+
+def test_a_run_that_ends_in_the_stop_grace_is_recorded_finished(redis_url, tmp_path, script):
+    """Fault ``deaf_to_the_stop``: Ctrl-C reaches hopbus launch while every copy of a script
+    that ignores SIGTERM goes on to its end within the stop's grace. Its summary said
+    'interrupted' of a run whose every final report was in (and inspect said finished): the
+    run is now recorded finished, summary and all; the exit status stays Ctrl-C's 130."""
+    run = f"deafend{os.getpid()}"  # run ids are unique across the suite's tests
+    out = tmp_path / "r"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out),
+                       "-n", "2", "--topology", "ring", "--iterations", "40",
+                       "--iter-time", "0.05")  # fmt: skip
+    proc = subprocess.Popen(
+        [*args, "--", sys.executable, str(script), "deaf"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:1") or 0) >= 5, 120, "the run to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["finished"] and s["failure"] is None and s["iterations"]["min"] == 40, err
+    assert client.hget(f"hop:{{{run}}}:meta", "status") == b"finished"
+    assert f"run {run} finished as it was stopped" in err
+    assert not processes_mentioning(str(script))
 
 
 def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, script):

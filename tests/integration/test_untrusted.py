@@ -342,6 +342,9 @@ def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
                            "--heartbeat", "2")  # fmt: skip
     keys = RunKeys(run)
     wait_iteration(redis_client, keys, 0, 20)
+    # fault ``junk_heartbeat_key``: a key under hb: of another type beats for nobody (the
+    # stop's look at the heartbeats failed on it, WRONGTYPE, and left every key in place)
+    redis_client.hset(keys.hb_prefix + "junk", "not", "a heartbeat")
     p = hopbus("clean", "--run", run, "--redis", redis_url, "--force")
     assert p.returncode == 0, p.stderr
     assert f"stopping run {run} first" in p.stderr and f"of run {run}" in p.stdout
@@ -349,6 +352,61 @@ def test_clean_force_stops_the_run_before_its_keys_go(redis_url, redis_client):
         _, err = w.communicate(timeout=60)
         assert w.returncode == 1 and "removed by hopbus clean --force" in err, err
     assert list(redis_client.scan_iter(match=keys.pattern)) == []
+
+
+def test_ctrl_c_with_redis_frozen_stops_the_run_and_says_how_far_it_got(tmp_path):
+    """Fault ``frozen_at_ctrl_c``: Redis stops answering (SIGSTOP), then Ctrl-C. The launcher
+    stops every process, asks Redis no more than a second at a time, and writes the summary
+    of the progress it had read: exit 130, strict JSON, the stop as its failure."""
+    out = tmp_path / "run"
+    with EmbeddedRedis(port=0) as server:
+        assert server.proc is not None
+        args, run = train_args(server.url, out, "-n", "3", "--iterations", "100000",
+                               "--iter-time", "0.01")  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=clean_env())  # fmt: skip
+        try:
+            metrics = out / "metrics.jsonl"  # the launcher has read progress: some to tell
+            wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 60, "progress")
+            server.proc.send_signal(signal.SIGSTOP)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        assert proc.returncode == 130, err
+        assert not processes_mentioning(run)
+    s = strict((out / "summary.json").read_text())
+    assert not s["finished"] and "interrupted (Ctrl-C or SIGTERM)" in s["failure"]
+    read = [strict(line)["iter"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert s["iterations"]["max"] == max(read) >= 1, (s["iterations"], max(read))
+
+
+def test_ctrl_c_before_any_worker_starts_is_no_watch(tmp_path):
+    """Fault ``early_interrupt``: Ctrl-C while hopbus train still waits for its Redis (here
+    frozen from the start). It said 'the watch stopped, run R goes on' of a run that never
+    began: it now says only that it was interrupted, and leaves no folder behind."""
+    out = tmp_path / "run"
+    with EmbeddedRedis(port=0) as server:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            args, run = train_args(server.url, out, "-n", "2", "--iterations", "50")
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=clean_env(), text=True)  # fmt: skip
+            try:
+                # its results folder is held: it is connecting now (retrying for --timeout),
+                # and no worker can start before Redis answers
+                wait_for(out.exists, 30, "the launcher to take its folder")
+                proc.send_signal(signal.SIGINT)
+                _, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 130, err
+    assert "watch" not in err and err.strip().splitlines()[-1] == "hopbus: interrupted", err
+    assert not processes_mentioning(run) and not out.exists()
 
 
 def test_a_run_whose_meta_changed_type_is_cleaned_with_force(redis_url, redis_client):
