@@ -1906,6 +1906,12 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
             f"--resume {target!r}: the run in {folder} finished (its summary.json or "
             "metrics.jsonl says so): nothing to resume; start a new run with hopbus train"
         )
+    if cfg.model == SCRIPT:  # hopbus launch refuses --checkpoint-every: none to resume from
+        raise ConfigError(
+            f"--resume {target!r}: {folder} holds a script's run (hopbus launch), whose state "
+            "the script saves itself (for Keras: keras.callbacks.BackupAndRestore): launch it "
+            "again"
+        )
     folder_ck = folder / CHECKPOINTS
     skipped: list[str] = []
     at = newest_complete(folder_ck, topo.n, skipped, full=True)

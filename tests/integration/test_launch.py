@@ -553,6 +553,9 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
+    # hopbus keeps no checkpoints of a script's model: a resume says what to do instead
+    p = hopbus("train", "--resume", str(tmp_path / "r"))
+    assert p.returncode == 2 and "holds a script's run (hopbus launch)" in p.stderr, p.stderr
 
 
 def test_a_run_that_ends_in_the_stop_grace_is_recorded_finished(redis_url, tmp_path, script):
