@@ -61,12 +61,14 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
         )
     if broken:
         queue = s.get("first_token_violation")
-        which = (
-            f"; first TokenQ({queue['from']}->{queue['to']}) holds {queue['size']} tokens where "
-            f"Theorem 2 gives {queue['expected']} (pushed into by something else?)"
-            if checks.get("token_invariant_violations") and isinstance(queue, dict)
-            else ""
-        )
+        which = ""
+        if checks.get("token_invariant_violations") and isinstance(queue, dict):
+            which = f"; first TokenQ({queue['from']}->{queue['to']}) " + (
+                "is not a list (something else wrote it)"
+                if queue["size"] is None
+                else f"holds {queue['size']} tokens where Theorem 2 gives {queue['expected']} "
+                "(pushed into by something else?)"
+            )
         err.print(
             f"hopbus: error: invariant check failed: {', '.join(broken)} (must be 0; "
             f"docs/summary.md){which}",
@@ -663,7 +665,8 @@ def inspect_cmd(
         snap = snapshot(client, keys, last=last, url=redis)
     except ResponseError as exc:  # WRONGTYPE, say: which key, as Redis's refusal does not say
         raise ConfigError(
-            f"run {run}: Redis refused a read ({read.refusal(exc)}){_misplaced(client, keys)}"
+            f"run {run}: Redis refused a read ({read.refusal(exc)})"
+            + (f"; {named}" if (named := _misplaced(client, keys)) else "")
         ) from None
     if as_json:
         _emit_json(snap)
@@ -672,12 +675,13 @@ def inspect_cmd(
 
 
 def _misplaced(client: Redis, keys: RunKeys) -> str:
-    """``: KEY (a hash; hopbus keeps a string there), ...`` for a refusal's line, or nothing
-    when no key of the run is of another type (the refusal came from elsewhere)."""
+    """``keys that hold another type ...: KEY (a hash; ...), ...`` for a refusal's line, or
+    '' when no key of the run is of another type (the refusal came from elsewhere)."""
+    from hopbus.coord.keys import named_keys
     from hopbus.coord.runs import misplaced
 
     found = misplaced(client, keys)
-    return f": {', '.join(found)}" if found else ""
+    return named_keys(found) if found else ""
 
 
 @app.command("clean")
@@ -709,10 +713,10 @@ def clean_cmd(
         status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
     except ResponseError:  # a key of the run of another type (WRONGTYPE): its status unknown
         if not force:
-            which = _misplaced(client, keys) or " (one was replaced by another kind of key)"
+            which = _misplaced(client, keys) or "a key of another type than hopbus writes there"
             raise ConfigError(
-                f"run {run}'s keys are not all of the types hopbus writes{which}, so whether it "
-                "runs is unknown: pass --force to delete them anyway"
+                f"run {run} has {which}, so whether it runs is unknown: pass --force to delete "
+                "its keys anyway"
             ) from None
         status = "unknown"
     if status == "running" and not force:  # "starting": created, and no worker came yet

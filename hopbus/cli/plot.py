@@ -37,8 +37,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _summary(path: Path) -> dict[str, Any]:
-    """A run's summary.json: {} when the run has none (it failed or was cut short), bad input
-    when it is there but does not parse."""
+    """A run's summary.json: {} when the run has none (killed before its end wrote one, or
+    still going), bad input when it is there but does not parse."""
     if not path.exists():
         return {}
     obj = _read_json(path)

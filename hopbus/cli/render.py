@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hopbus.coord.keys import named_keys
 from hopbus.models.custom import SCRIPT
 
 INF = "∞"
@@ -295,8 +296,7 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
     if snap.get("misplaced"):
         _line(
             console,
-            "[yellow]keys that hold another type than hopbus keeps there[/] (something else "
-            f"wrote them): {', '.join(snap['misplaced'])}",
+            f"[yellow]{named_keys(snap['misplaced'])}[/] (something else wrote them)",
         )
     tq = snap["token_queues"]
     if tq:

@@ -19,7 +19,7 @@ import redis
 
 from hopbus.coord import read
 from hopbus.coord.client import Lua, PinnedScript
-from hopbus.coord.keys import FINISHED, RunKeys
+from hopbus.coord.keys import FINISHED, RunKeys, named_keys
 from hopbus.errors import DeclaredDead
 from hopbus.jsonout import dumps
 
@@ -801,10 +801,10 @@ def _why_taken(client: Any, keys: RunKeys, worker: int, said: str | None) -> str
     keeps (its counter made a hash: no process had the place, something else wrote them)."""
     if not said:
         return None
-    from hopbus.coord.runs import ANOTHER_TYPE, of_another_type
+    from hopbus.coord.runs import of_another_type
 
     found = of_another_type(client, keys, [keys.iter(worker), keys.hb(worker), keys.result])
-    return f"its keys {ANOTHER_TYPE}: {', '.join(found)}" if found else said
+    return named_keys(found) if found else said
 
 
 def broker_id(client: Any) -> str:

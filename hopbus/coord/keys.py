@@ -70,6 +70,17 @@ KEPT_TYPES: tuple[tuple[re.Pattern[str], str], ...] = (
 ``hop:{R}:``; ids in ASCII digits, as hopbus writes them). A refusal such as WRONGTYPE names no
 key; this names the one to look at."""
 
+ANOTHER_TYPE = "hold another type than hopbus keeps there"
+"""How a line says that keys of a run were written by something else (coord/runs.py's
+``misplaced`` finds them)."""
+
+
+def named_keys(found: list[str]) -> str:
+    """``keys that hold another type than hopbus keeps there: KEY (a hash; ...), ...``: the
+    one wording of every line that names them (``of_another_type``'s list)."""
+    return f"keys that {ANOTHER_TYPE}: {', '.join(found)}"
+
+
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 

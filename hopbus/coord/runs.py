@@ -222,10 +222,6 @@ MISPLACED_LOOKED = 100_000
 ring-based graph has some 10,000)."""
 
 
-ANOTHER_TYPE = "hold another type than hopbus keeps there"
-"""How a line says that keys of a run were written by something else (``misplaced``)."""
-
-
 def of_another_type(
     client: redis.Redis, keys: RunKeys, names: list[str], most: int = 5
 ) -> list[str]:
@@ -252,12 +248,15 @@ def misplaced(client: redis.Redis, keys: RunKeys, most: int = 5) -> list[str]:
     them (``of_another_type``): what a WRONGTYPE refusal, which names no key, was about.
     Empty if Redis cannot say."""
     try:
-        scanned = islice(client.scan_iter(match=keys.pattern, count=1000), MISPLACED_LOOKED)
-        # the keys every run has first (meta, result, ...), then those of each worker: a
-        # crowd of look-alikes (hb:12345...) cannot push them off the list
+        scanned = (
+            k.decode(errors="replace") for k in client.scan_iter(match=keys.pattern, count=1000)
+        )
+        # names of the schema only (no TYPE asked of others), the keys every run has first
+        # (meta, result, ...), then those of each worker: look-alikes (hb:junk, ...) cannot
+        # push them off the list
+        ours = islice((k for k in scanned if keys.kept_type(k) is not None), MISPLACED_LOOKED)
         names = sorted(
-            (k.decode(errors="replace") for k in scanned),
-            key=lambda name: (any(c.isdigit() for c in name[len(keys.prefix) :]), name),
+            ours, key=lambda name: (any(c.isdigit() for c in name[len(keys.prefix) :]), name)
         )
         return of_another_type(client, keys, names, most)
     except redis.RedisError:

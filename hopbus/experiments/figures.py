@@ -182,8 +182,8 @@ def _finite(x: Any) -> float | None:
 
 
 def read_summary(path: Path) -> dict[str, Any]:
-    """A run's summary.json, or {} when it is missing or does not parse (a run cut short):
-    the figures then draw what the metrics alone give."""
+    """A run's summary.json, or {} when it is missing or does not parse (a run killed before
+    its end wrote one): the figures then draw what the metrics alone give."""
     try:
         obj = json.loads(path.read_text())
     except (OSError, ValueError):

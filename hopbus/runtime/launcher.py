@@ -37,9 +37,16 @@ from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
 from hopbus.coord.control import RunControl, broker_id, taken
-from hopbus.coord.keys import FINISHED, INTERRUPTED_LINE, JOIN_FAILED, SAYS_WHY_GONE, RunKeys
-from hopbus.coord.runs import (
+from hopbus.coord.keys import (
     ANOTHER_TYPE,
+    FINISHED,
+    INTERRUPTED_LINE,
+    JOIN_FAILED,
+    SAYS_WHY_GONE,
+    RunKeys,
+    named_keys,
+)
+from hopbus.coord.runs import (
     RunStateError,
     clean_run,
     create_run,
@@ -517,7 +524,7 @@ class Launcher:
                 finished = bool(self.stopped_summary and self.stopped_summary["finished"])
                 with contextlib.suppress(Exception):  # a second at most, even if Redis froze
                     set_status(quick(self.url), self.keys, "finished" if finished else "stopped")
-                    stopped = not finished
+                    stopped = True  # its stopped processes' heartbeats go (finished ones stay)
                 self._resume_hint()
             elif not ended and self.follows_only:
                 self._watch_hint()
@@ -1047,20 +1054,22 @@ class Launcher:
     def _summarize_stopped(self, cursor: str, pending: list[Entry], metrics: TextIO) -> None:
         """A run stopped by Ctrl-C or SIGTERM: its processes stopped, then its summary of
         what was done (the progress up to the stop, the gaps, the iterations reached), for
-        ``_finish`` to write as summary.json, ``finished: false``, its failure the stop.
-        Redis is asked with a second's patience at most: nothing may hold up the stopping
-        (a second Ctrl-C goes through: it is no Exception)."""
+        ``_finish`` to write as summary.json, ``finished: false``, its failure the stop; or,
+        should every final report have come in meanwhile (processes deaf to SIGTERM that
+        ended in the grace), the summary of a finished run. Redis is asked with a second's
+        patience at most: nothing may hold up the stopping (a second Ctrl-C goes through:
+        it is no Exception)."""
         self.stop_workers()
         with contextlib.suppress(Exception):
             try:
                 self.r.ping()
             except redis.RedisError:  # frozen or gone: the progress read so far is all
                 self.broker_gone = True
-            self._catch_up(cursor, pending, metrics)
-            # a process that finished its part in the grace (one that ignores SIGTERM, or
-            # was about to end): with every report in, the run did finish
-            live = set(range(self.topo.n)) - set(self.lost)
-            done = not self.broker_gone and live <= set(self._reports())
+            if not self.broker_gone:  # (feeding it would ask Redis again, a second a time)
+                self._catch_up(cursor, pending, metrics)
+            server = {self.topo.n} if self.cfg.mode.family is Family.PS else set()
+            nodes = (set(range(self.topo.n)) - set(self.lost)) | server
+            done = not self.broker_gone and nodes <= set(self._reports())
             self.stopped_summary = self._summary(
                 None if done else f"the run was {INTERRUPTED_LINE}"
             )
@@ -1245,7 +1254,7 @@ class Launcher:
                 "they finished?); the workers' logs say how they ended"
             )
         bounds = [s.store_bound for s in self.specs if s.store_bound is not None]
-        queues: list[dict[str, int]] = []  # those that break Theorem 2, read at a finish
+        queues: list[dict[str, int | None]] = []  # those that break Theorem 2, at a finish
         try:
             if finished and self.cfg.mode.is_hop:
                 queues = token_invariant_violations(
@@ -1269,17 +1278,13 @@ class Launcher:
             update_queue_bound=max(bounds) if bounds else None,
             failure=failure,
         )
-        if (
-            failure is not None
-            and "WRONGTYPE" in failure
-            and ANOTHER_TYPE not in failure  # a worker's line that names them already
-            and not self.broker_gone
-        ):
+        wrongtype = failure is not None and "WRONGTYPE" in failure
+        named = failure is not None and ANOTHER_TYPE in failure  # by a worker's line already
+        not_lists = any(q["size"] is None for q in queues)  # token queues of another type
+        if ((wrongtype and not named) or not_lists) and not self.broker_gone:
             found = misplaced(self.r, self.keys)  # the refusal names no key: these are why
             if found:
-                self.notes.append(
-                    f"keys of run {self.keys.run} that {ANOTHER_TYPE}: {', '.join(found)}"
-                )
+                self.notes.append(f"run {self.keys.run}: {named_keys(found)}")
         summary["first_token_violation"] = queues[0] if queues else None  # checks: all counts
         summary["scheme"] = scheme_summary(self.cfg.mode, results, server)
         summary.update(server_model(server))

@@ -27,9 +27,8 @@ from hopbus.config import TrainConfig, make_config
 from hopbus.coord import read
 from hopbus.coord.client import attempts, connect, quick, redis_flag
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
-from hopbus.coord.keys import FINISHED, RunKeys
+from hopbus.coord.keys import ANOTHER_TYPE, FINISHED, RunKeys, named_keys
 from hopbus.coord.runs import (
-    ANOTHER_TYPE,
     RunStateError,
     load_config,
     misplaced,
@@ -107,7 +106,7 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
         with contextlib.suppress(Exception):  # a hint: nothing may hide the refusal itself
             found = misplaced(quick(self.url), RunKeys(self.run))
             if found:
-                return f"; keys that {ANOTHER_TYPE}: {', '.join(found)}"
+                return f"; {named_keys(found)}"
         return ""
 
 

@@ -460,11 +460,12 @@ def server_model(server: dict[str, Any] | None) -> dict[str, Any]:
 
 def token_invariant_violations(
     client: redis.Redis, keys: RunKeys, topo: Topology, max_ig: int, *, dead: set[int] = frozenset()
-) -> list[dict[str, int]]:
+) -> list[dict[str, int | None]]:
     """Edges where TokenQ(j->i).size != Iter(j) - Iter(i) + max_ig (Theorem 2), read when no
     worker is half-way through entering an iteration (e.g. after every worker finished), each
-    as ``from``, ``to``, ``size`` and the ``expected`` size: which queue, so that the failure
-    can say it. Edges with a dead end are left out: their queues stopped binding when it died."""
+    as ``from``, ``to``, ``size`` (None: not a list, something else wrote it) and the
+    ``expected`` size: which queue, so that the failure can say it. Edges with a dead end
+    are left out: their queues stopped binding when it died."""
     if max_ig <= 0:
         return []
     iters = [read.integer(v) or 0 for v in client.mget([keys.iter(i) for i in range(topo.n)])]

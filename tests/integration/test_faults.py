@@ -195,6 +195,24 @@ def test_a_broken_token_invariant_fails_the_run_with_status_3(redis_url, tmp_pat
     assert queue["from"] == 1 and queue["size"] == queue["expected"] + 1, queue
 
 
+def test_a_token_queue_of_another_type_is_named_at_the_end(redis_url, redis_client, tmp_path):
+    """Fault ``garbled_token_queue``: a finished run's TokenQ(1->0) made a string, then a
+    watch of the run. Its invariant check counts the queue, and the line says it is no list
+    ('holds None tokens', before) and names the key, exit 3."""
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--topology", "complete",
+                           "--iterations", "20")  # fmt: skip
+    p = subprocess.run(args, capture_output=True, text=True, env=clean_env(), timeout=240,
+                       check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    keys = RunKeys(run)
+    redis_client.delete(keys.tok(1, 0))
+    redis_client.set(keys.tok(1, 0), "not a queue")
+    w = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"))
+    assert w.returncode == 3, w.stderr
+    assert "first TokenQ(1->0) is not a list (something else wrote it)" in w.stderr, w.stderr
+    assert f"{keys.tok(1, 0)} (a string; hopbus keeps a list there)" in w.stderr, w.stderr
+
+
 def test_a_worker_that_dies_after_its_report_fails_nothing(redis_url, tmp_path):
     """HOPBUS_FAULTS crash_after_report: worker 1 is killed (SIGKILL) just after it published
     its final report, in standard mode, which stops for a dead worker. Its part was done: the

@@ -419,9 +419,9 @@ def test_a_run_whose_meta_changed_type_is_cleaned_with_force(redis_url, redis_cl
     redis_client.set(keys.meta, "x")
     p = hopbus("clean", "--run", run, "--redis", redis_url)
     assert p.returncode == 2 and error_lines(p.stderr) == [
-        f"hopbus: error: run {run}'s keys are not all of the types hopbus writes: "
+        f"hopbus: error: run {run} has keys that hold another type than hopbus keeps there: "
         f"{keys.meta} (a string; hopbus keeps a hash there), so whether it runs is unknown: "
-        "pass --force to delete them anyway"
+        "pass --force to delete its keys anyway"
     ], p.stderr
     p = hopbus("clean", "--run", run, "--redis", redis_url, "--force")
     assert p.returncode == 0, p.stderr
@@ -836,7 +836,7 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     named = f"{name} (a {held}; hopbus keeps a {kept} there)"
     # in the failed run's line (a worker's refusal), or a note beside it (the launcher's read)
     assert named in err.decode().splitlines()[-1] or (
-        f"hopbus: keys of run {run} that hold another type than hopbus keeps there: {named}"
+        f"hopbus: run {run}: keys that hold another type than hopbus keeps there: {named}"
         in err.decode()
     ), err.decode()
     shown = hopbus("inspect", "--run", run, "--redis", redis_url)
@@ -857,7 +857,7 @@ def test_workers_whose_keys_something_else_wrote_name_them(redis_url, redis_clie
     flags = ["--run", run, "--redis", redis_url, "--timeout", "20"]
     p = hopbus("worker", *flags, "--id", "1")
     assert p.returncode == 2 and error_lines(p.stderr) == [
-        f"hopbus: error: worker 1 of run {run} cannot take its place: its keys hold another "
+        f"hopbus: error: worker 1 of run {run} cannot take its place: keys that hold another "
         f"type than hopbus keeps there: {keys.iter(1)} (a hash; hopbus keeps a string there)"
     ], p.stderr
     assert redis_client.hget(keys.addr, "1") is None  # refused: wrote nothing
