@@ -9,8 +9,9 @@ edge sharing the uplink either way), each worker 6x slower in an iteration with 
 1/4, seed 0.
 
 Compared: which iterations of which worker were slow (both drivers draw them from the same
-seeded Heterogeneity; on the cluster a slow Compute is one that took more than 3x
-``--iter-time``, where a slowed one takes 6x: a classification, not a timing), and the
+seeded Heterogeneity; on the cluster a slow Compute is one that took more than 5x
+``--iter-time``, where a slowed one sleeps 6x at least: a classification, not a timing, its
+margin on the side a busy machine pushes, as a stall only lengthens a step), and the
 direction of the speedups: backup and staleness iterations faster than standard's in both
 drivers under both scopes (the simulator's margins for this seed: 1.29x and 1.51x with compute
 scope, 1.62x and 1.99x with iteration scope), and standard slower with iteration scope than
@@ -47,8 +48,10 @@ MODES = {
 
 
 def slow_iterations(entries: list[dict[str, Any]], normal: float) -> set[tuple[int, int]]:
-    """(worker, iteration) of every Compute that took more than 3x a normal one."""
-    return {(e["worker"], e["iter"] - 1) for e in entries if e["compute_s"] > 3 * normal}
+    """(worker, iteration) of every Compute that took more than 5x a normal one: a slowed
+    one sleeps 6x at least, and a normal one held up by a busy machine (a 2-core CI runner
+    under two test processes) had to be stalled for 4x its length to count."""
+    return {(e["worker"], e["iter"] - 1) for e in entries if e["compute_s"] > 5 * normal}
 
 
 def simulated(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
