@@ -1260,8 +1260,9 @@ class Launcher:
                 queues = token_invariant_violations(
                     self.r, self.keys, self.topo, self.cfg.max_ig, dead=set(self.lost)
                 )
-            # not looked at in a run that did not finish (queues mid-flight); none to look at
-            token_check = len(queues) if finished else None  # outside Hop's modes
+            # None: not looked at, in a run that did not finish (its queues mid-flight); 0
+            # outside Hop's modes, which have no token queues
+            token_check = len(queues) if finished else None
         except redis.ResponseError as exc:  # a token queue turned into another type
             token_check, finished, failure = None, False, self._refused(exc)
         ends = [r["t"] for r in results.values() if "t" in r]
