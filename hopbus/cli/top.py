@@ -122,9 +122,8 @@ def top_cmd(
     from hopbus.runtime.node import redis_failures
 
     client = connect(redis or DEFAULT_URL, timeout=5)
-    with redis_failures(
-        "hopbus top", run or "?", redis or DEFAULT_URL
-    ):  # e.g. a broker ACL without a command
+    # a refusal (a broker ACL without a command, a key of another type): one line
+    with redis_failures("hopbus top", run or "?", redis or DEFAULT_URL):
         reader = TopReader(client, RunKeys(pick_run(client, run)))
         frame = reader.frame()  # unknown run: one line before anything is drawn
         _show(reader, frame, once=once, interval=interval)
