@@ -521,9 +521,9 @@ class Launcher:
         except KeyboardInterrupt:
             # a watcher leaves the run's status alone, and a recorded end stays
             if (self.procs or self.broker is not None) and not ended:
-                finished = bool(self.stopped_summary and self.stopped_summary["finished"])
+                status = "finished" if self._finished_as_stopped else "stopped"
                 with contextlib.suppress(Exception):  # a second at most, even if Redis froze
-                    set_status(quick(self.url), self.keys, "finished" if finished else "stopped")
+                    set_status(quick(self.url), self.keys, status)
                     stopped = True  # its stopped processes' heartbeats go (finished ones stay)
                 self._resume_hint()
             elif not ended and self.follows_only:
@@ -1040,11 +1040,12 @@ class Launcher:
 
     def _catch_up(self, cursor: str, pending: list[Entry], metrics: TextIO) -> None:
         """Every progress entry up to the end into the replay and metrics.jsonl, a failed or
-        stopped run's too: the summary tells it all."""
+        stopped run's too: the summary tells it all. Not once Redis is known gone: feeding
+        asks it too (the start, the counters), and nothing would answer."""
+        if self.broker_gone:
+            return
         try:
-            while not self.broker_gone and (
-                entries := read_entries(self.r, self.keys.progress, cursor, count=10_000)
-            ):
+            while entries := read_entries(self.r, self.keys.progress, cursor, count=10_000):
                 cursor = entries[-1][0]
                 pending.extend(entries)
             self._feed(pending, metrics, t0=self.t_start)
@@ -1065,14 +1066,18 @@ class Launcher:
                 self.r.ping()
             except redis.RedisError:  # frozen or gone: the progress read so far is all
                 self.broker_gone = True
-            if not self.broker_gone:  # (feeding it would ask Redis again, a second a time)
-                self._catch_up(cursor, pending, metrics)
+            self._catch_up(cursor, pending, metrics)
             server = {self.topo.n} if self.cfg.mode.family is Family.PS else set()
             nodes = (set(range(self.topo.n)) - set(self.lost)) | server
             done = not self.broker_gone and nodes <= set(self._reports())
             self.stopped_summary = self._summary(
                 None if done else f"the run was {INTERRUPTED_LINE}"
             )
+
+    @property
+    def _finished_as_stopped(self) -> bool:
+        """Every final report came in as its processes were stopped (``_summarize_stopped``)."""
+        return self.stopped_summary is not None and self.stopped_summary["finished"] is True
 
     def _watch_hint(self) -> None:
         """After a Ctrl-C that stopped only this process (a watch): what it left going."""
@@ -1088,7 +1093,7 @@ class Launcher:
         """After a Ctrl-C that stopped the run: where what it wrote is (its metrics and
         logs so far), and how to go on, where its checkpoints allow."""
         with contextlib.suppress(Exception):  # a hint: nothing may stop the stopping
-            if self.stopped_summary is not None and self.stopped_summary["finished"]:
+            if self._finished_as_stopped:
                 print(
                     f"hopbus: run {self.keys.run} finished as it was stopped (every worker's "
                     f"final report is in); its results are in {self.out}",

@@ -522,34 +522,30 @@ def test_what_a_script_forks_and_forgets_goes_with_the_run(redis_url, tmp_path, 
     assert not processes_mentioning(f"sleep {marker}.5")
 
 
-def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
-    run = f"c{os.getpid()}"
-    args = hopbus_args(
-        "launch",
-        "--redis",
-        redis_url,
-        "--run",
-        run,
-        "--out",
-        str(tmp_path / "r"),
-        "-n",
-        "3",
-        "--topology",
-        "ring",
-        "--iterations",
-        "1000000",
-    )
+def launch_then_ctrl_c(
+    redis_url: str, run: str, out: Path, *flags: str, script: Path, fault: str, watched: int
+) -> str:
+    """hopbus launch of the test script in the background, Ctrl-C once worker ``watched``
+    has entered iteration 5; its stderr, the launcher having exited with Ctrl-C's 130."""
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), *flags)
     proc = subprocess.Popen(
-        [*args, "--", sys.executable, str(script), "none"],
+        [*args, "--", sys.executable, str(script), fault],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
-    import redis
-
     client = redis.Redis.from_url(redis_url)
-    wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:2") or 0) >= 5, 120, "the run to start")
+    counter = RunKeys(run).iter(watched)
+    wait_for(lambda: int(client.get(counter) or 0) >= 5, 120, "the run to start")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    return err
+
+
+def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
+    launch_then_ctrl_c(
+        redis_url, f"c{os.getpid()}", tmp_path / "r", "-n", "3", "--topology", "ring",
+        "--iterations", "1000000", script=script, fault="none", watched=2,
+    )  # fmt: skip
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
@@ -565,21 +561,13 @@ def test_a_run_that_ends_in_the_stop_grace_is_recorded_finished(redis_url, tmp_p
     run is now recorded finished, summary and all; the exit status stays Ctrl-C's 130."""
     run = f"deafend{os.getpid()}"  # run ids are unique across the suite's tests
     out = tmp_path / "r"
-    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out),
-                       "-n", "2", "--topology", "ring", "--iterations", "40",
-                       "--iter-time", "0.05")  # fmt: skip
-    proc = subprocess.Popen(
-        [*args, "--", sys.executable, str(script), "deaf"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    err = launch_then_ctrl_c(
+        redis_url, run, out, "-n", "2", "--topology", "ring", "--iterations", "40",
+        "--iter-time", "0.05", script=script, fault="deaf", watched=1,
     )  # fmt: skip
-    client = redis.Redis.from_url(redis_url)
-    wait_for(lambda: int(client.get(f"hop:{{{run}}}:iter:1") or 0) >= 5, 120, "the run to start")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
     s = json.loads((out / "summary.json").read_text())
     assert s["finished"] and s["failure"] is None and s["iterations"]["min"] == 40, err
-    assert client.hget(f"hop:{{{run}}}:meta", "status") == b"finished"
+    assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"finished"
     assert f"run {run} finished as it was stopped" in err
     assert not processes_mentioning(str(script))
 
