@@ -3,8 +3,10 @@ cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +25,27 @@ from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise
 
 if TYPE_CHECKING:
     from redis import Redis
+
+    from hopbus.cli.live import Display
+
+
+@contextlib.contextmanager
+def _following(as_json: bool) -> Iterator[Display]:
+    """The live display of a followed run (on stderr). A run stopped by Ctrl-C or SIGTERM
+    still ends with its summary so far on stdout under --json, as summary.json holds it:
+    a script reading stdout gets an object however the run ended."""
+    from hopbus.cli.live import Display
+
+    display = Display(Console(stderr=True))
+    try:
+        with display:
+            yield display
+    except KeyboardInterrupt:
+        launcher = display.launcher
+        if as_json and launcher is not None and launcher.stopped_summary is not None:
+            with contextlib.suppress(OSError):  # the reader went with the Ctrl-C
+                _emit_json(launcher.stopped_summary)
+        raise
 
 
 def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
@@ -182,7 +205,6 @@ def train_cmd(
     """
     given = o.run_flags(locals())
     interrupts.install()  # stop the workers and the private Redis as on Ctrl-C
-    from hopbus.cli.live import Display
     from hopbus.runtime.launcher import train
 
     if resume is not None:
@@ -192,8 +214,7 @@ def train_cmd(
     cfg = o.resolve(config, _with_curve(given, curve_dir), TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
-    err = Console(stderr=True)
-    with Display(err) as display:
+    with _following(as_json) as display:
         launcher, outcome = train(
             cfg, run=run, out=out, redis_url=redis, on_update=display.update, curve=curve_dir
         )
@@ -211,7 +232,6 @@ def _resume_cmd(
 ) -> None:
     """``hopbus train --resume RUN``: the run's own settings, so no other run flag (but the
     key folder of a --curve run, which its config.toml records as curve = true only)."""
-    from hopbus.cli.live import Display
     from hopbus.config import flag_of
     from hopbus.errors import ConfigError
     from hopbus.runtime.launcher import check_curve, plan_resume, resume
@@ -229,7 +249,7 @@ def _resume_cmd(
         f"hopbus: resuming run {plan.run} from iteration {plan.at} (checkpoint set of "
         f"{plan.workers} workers)"
     )
-    with Display(err) as display:
+    with _following(as_json) as display:
         launcher, outcome = resume(
             plan, redis_url=redis, on_update=display.update, curve=curve,
             begins=lambda: err.print(said, highlight=False, soft_wrap=True),
@@ -318,14 +338,13 @@ def launch_cmd(**params: Any) -> None:
     command = list(params.pop("command") or [])
     given = o.run_flags(params)
     interrupts.install()
-    from hopbus.cli.live import Display
     from hopbus.runtime.launcher import train
 
     curve_dir = params["curve_dir"]
     cfg = o.resolve(params["config"], _with_curve(given, curve_dir), TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
-    with Display(Console(stderr=True)) as display:
+    with _following(params["as_json"]) as display:
         launcher, outcome = train(
             cfg, run=params["run"], out=params["out"], redis_url=params["redis"],
             on_update=display.update, curve=curve_dir, command=command,
@@ -385,10 +404,9 @@ def watch_cmd(
     a node reported an error or its heartbeat vanished, 3 if a Table 1 bound was broken or an
     invariant check failed."""
     interrupts.install()
-    from hopbus.cli.live import Display
     from hopbus.runtime.launcher import watch
 
-    with Display(Console(stderr=True)) as display:
+    with _following(as_json) as display:
         launcher, outcome = watch(
             run, out=out, redis_url=redis or DEFAULT_URL, on_update=display.update
         )

@@ -103,6 +103,11 @@ class Display:
             self.live.__exit__(None, None, None)
 
     @property
+    def launcher(self) -> Launcher | None:
+        """The launcher last drawn, if any."""
+        return self._launcher
+
+    @property
     def shown(self) -> int:
         """How many of the launcher's notes the display has shown (the report adds the rest)."""
         return self._noted

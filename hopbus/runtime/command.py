@@ -45,6 +45,13 @@ STOP_GRACE_S = 5.0
 ERROR_PREFIX = "hopbus: error: "
 
 
+def shown_command(command: list[str]) -> str:
+    """A command as a line shows it: 80 characters at most, cut in the middle (a long
+    interpreter path at its start, the script's name and arguments at its end)."""
+    shown = shlex.join(command)
+    return shown if len(shown) <= 80 else f"{shown[:30]}...{shown[-47:]}"
+
+
 class ScriptFailed(RunFailure):
     """The script failed; the run was told already (by the script itself or here)."""
 
@@ -106,9 +113,7 @@ def run_command(
             # before the script starts: a stray's script would only be refused, or fail,
             # and its failure is not the run's to hear
             raise place_taken(who, run, worker, why)
-    shown = shlex.join(command)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
+    shown = shown_command(command)
     variables = script_env(run, worker, redis_url, timeout=timeout, **settings)
     become_subreaper()  # what the script orphans stays below this process: stop_all finds it
     try:

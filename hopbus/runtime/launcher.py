@@ -67,7 +67,7 @@ from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
 from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
-from hopbus.runtime.command import ERROR_PREFIX, KEPT_LINES
+from hopbus.runtime.command import ERROR_PREFIX, KEPT_LINES, shown_command
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
 from hopbus.runtime.last_words import cause
@@ -712,10 +712,8 @@ class Launcher:
         )
 
     def _shown_command(self) -> str:
-        """What its processes run, for a line: the script's command, 80 characters at most,
-        cut in the middle (a long interpreter path before it, the script's name at its end)."""
-        shown = shlex.join(self.command or ["hopbus", "worker"])
-        return shown if len(shown) <= 80 else f"{shown[:30]}...{shown[-47:]}"
+        """What its processes run, as a line shows it."""
+        return shown_command(self.command or ["hopbus", "worker"])
 
     def _after_outage(self) -> None:
         """Redis was away, or came back as another instance: heartbeats missing now may be

@@ -104,14 +104,14 @@ def test_default_path_embedded_redis(tmp_path):
 
 def test_ctrl_c_stops_everything(redis_url, tmp_path):
     out = tmp_path / "run"
-    flags = ["-n", "4", "--iterations", "100000", "--checkpoint-every", "20"]
+    flags = ["-n", "4", "--iterations", "100000", "--checkpoint-every", "20", "--json"]
     args, run = train_args(redis_url, out, *flags)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
     wait_for(lambda: newest_complete(out / "checkpoints", 4) is not None, 60, "a checkpoint set")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    printed, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, repr(err)
     *_, hint, last = err.decode().strip().splitlines()
     assert last == "hopbus: interrupted"
@@ -122,6 +122,7 @@ def test_ctrl_c_stops_everything(redis_url, tmp_path):
     # how far it got, said as for any end: strict JSON, not finished, the stop its failure
     s = json.loads((out / "summary.json").read_text(), parse_constant=float.__call__)
     assert not s["finished"] and "interrupted (Ctrl-C or SIGTERM)" in s["failure"]
+    assert json.loads(printed) == s  # --json: the same object on stdout, however the run ended
     reached = newest_complete(out / "checkpoints", 4)
     assert reached is not None and s["iterations"]["min"] >= reached - 1, s["iterations"]
     assert not processes_mentioning(run)
