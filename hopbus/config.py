@@ -27,7 +27,7 @@ from pydantic import (
 from hopbus import heterogeneity
 from hopbus.baselines.spec import SchemeSettings, default_group_size
 from hopbus.baselines.spec import check as check_scheme
-from hopbus.errors import ConfigError
+from hopbus.errors import ConfigError, SlowdownSpecError
 from hopbus.heterogeneity import SlowdownScope
 from hopbus.models.tf.runtime import DEVICE_HELP, DEVICE_PATTERN
 from hopbus.modes import Approach, Mode
@@ -292,7 +292,10 @@ def flag_of(field: str) -> str:
 
 
 def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
-    err = exc.errors()[0]
+    return _explain_error(exc.errors()[0], from_file)
+
+
+def _explain_error(err: Any, from_file: dict[str, str]) -> ConfigError:
     field = str(err["loc"][0]) if err["loc"] else "config"
     where = from_file.get(field)
     if err["type"] == "extra_forbidden":
@@ -322,6 +325,26 @@ def make_config(
         return cls(**values)  # a bad --slowdown raises SlowdownSpecError straight through
     except ValidationError as exc:
         raise _explain(exc, from_file or {}) from None
+
+
+def check_shadowed(
+    values: dict[str, Any], shadowed: dict[str, Any], file: str, cls: type[RunConfig]
+) -> None:
+    """Refuse a config file's setting that is wrong in itself although a flag overrides it
+    (``shadowed``: key -> the file's value; ``values``: the settings in force): the file is
+    still broken, and the next run without the flag would fail on it. Only the setting's own
+    errors count, not a disagreement with the flags that replaced its neighbours."""
+    fix = "(a flag overrides it here; fix the file)"
+    for key, value in shadowed.items():
+        try:
+            cls(**{**values, key: value})
+        except ValidationError as exc:
+            for err in exc.errors():
+                whole = not err["loc"] and err["msg"].partition(", ")[2].startswith(f"{key}:")
+                if err["loc"][:1] == (key,) or whole:
+                    raise ConfigError(f"{_explain_error(err, {key: file})} {fix}") from None
+        except SlowdownSpecError as exc:
+            raise ConfigError(f"{file}: {key}: {exc} {fix}") from None
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

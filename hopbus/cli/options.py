@@ -17,6 +17,7 @@ from hopbus.config import (
     TRAIN_ONLY,
     RunConfig,
     TrainConfig,
+    check_shadowed,
     flag_of,
     load_toml,
     make_config,
@@ -350,11 +351,15 @@ def resolve(
         other = TRAIN_ONLY if cls is RunConfig else SIM_ONLY
         values.update({k: v for k, v in load_toml(config_file).items() if k not in other})
         from_file = dict.fromkeys(values, str(config_file))
+    shadowed = {k: values[k] for k, v in given.items() if v is not None and k in values}
     for key, value in given.items():
         if value is not None:
             values[key] = value
             from_file.pop(key, None)
-    return make_config(values, from_file, cls)
+    cfg = make_config(values, from_file, cls)
+    if shadowed:
+        check_shadowed(values, shadowed, str(config_file), cls)
+    return cfg
 
 
 def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:

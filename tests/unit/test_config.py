@@ -106,3 +106,33 @@ def test_store_is_sized_from_table1():
         Topology.named("ring-based", 16),
     )
     assert specs[0].store_slots == 1 + 2 + 3 and specs[0].store_bound == 9
+
+
+@pytest.mark.parametrize(
+    ("text", "given", "match"),
+    [
+        ('lr = "abc"\n', {"lr": 0.1}, r"cfg.toml: lr: .*valid number.* fix the file"),
+        ("iterations = true\n", {"iterations": 5}, r"cfg.toml: iterations: expected a number"),
+        ('slowdown = "bogus:3"\n', {"slowdown": "none"}, r"cfg.toml: slowdown: bad --slowdown"),
+    ],
+)
+def test_a_file_setting_a_flag_overrides_is_still_checked(tmp_path, text, given, match):
+    """A config file wrong in a setting the flags override is refused all the same: the next
+    run without the flag would fail on it."""
+    from hopbus.cli.options import resolve
+    from hopbus.config import TrainConfig
+
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        resolve(path, given, TrainConfig)
+
+
+def test_a_file_setting_a_flag_overrides_is_taken_when_fine(tmp_path):
+    """The usual layering: a sound file, a flag that replaces one of its settings."""
+    from hopbus.cli.options import resolve
+
+    path = tmp_path / "cfg.toml"
+    path.write_text('mode = "backup"\nbackup = 2\nworkers = 4\n')
+    cfg = resolve(path, {"backup": 1, "workers": 8})
+    assert cfg.mode is Mode.BACKUP and cfg.backup == 1 and cfg.workers == 8
