@@ -9,15 +9,35 @@ again. Once asked, hopbus stops: every later ``check`` raises too.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 _asked: list[int] = []  # the signals received, in order
+_holding = [0]  # how many deferred() blocks the main thread is in
 
 
 def handler(signum: int, frame: Any) -> None:
     _asked.append(signum)
-    raise KeyboardInterrupt
+    if not _holding[0]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A short step a stop must not cut in two (progress replayed but its metrics line not
+    yet written: the summary would tell an iteration metrics.jsonl lacks). A Ctrl-C or
+    SIGTERM that lands inside is raised as the block ends. Nothing inside may wait on the
+    network: the stop would wait with it."""
+    before = len(_asked)
+    _holding[0] += 1
+    try:
+        yield
+    finally:
+        _holding[0] -= 1
+    if not _holding[0] and len(_asked) > before:
+        raise KeyboardInterrupt
 
 
 def install() -> None:

@@ -881,14 +881,16 @@ class Launcher:
             self._horizon = horizon
             n = self.topo.n
             self.replay.doubt(w for w in range(n) if self._last_fed.get(w, (0, 0)) < horizon)
-        for entry_id, rec in self._credible(parsed):
-            at = _stream_id(entry_id)
-            fed = self.replay.feed(rec, lost_before=at <= self._horizon)
-            if fed is not None:
-                self._last_fed[rec["worker"]] = at
-                if self.t_offset:  # a resumed run's time goes on from where its file ends
-                    fed["t"] = round(fed["t"] + self.t_offset, 6)
-                metrics.write(dumps(fed) + "\n")
+        credible = self._credible(parsed)
+        with interrupts.deferred():  # what the replay holds, metrics.jsonl holds
+            for entry_id, rec in credible:
+                at = _stream_id(entry_id)
+                fed = self.replay.feed(rec, lost_before=at <= self._horizon)
+                if fed is not None:
+                    self._last_fed[rec["worker"]] = at
+                    if self.t_offset:  # a resumed run's time goes on from where its file ends
+                        fed["t"] = round(fed["t"] + self.t_offset, 6)
+                    metrics.write(dumps(fed) + "\n")
         if entries:
             self._read_upto = max(self._read_upto, _stream_id(entries[-1][0]))
         return True
