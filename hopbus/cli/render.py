@@ -288,10 +288,14 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
     console.print(wt)
     g = snap["gaps"]
     b = g["bound"]
+    dead = g.get("dead") or []
+    among = f", among the live workers (dead: {', '.join(map(str, dead[:10]))}" + (
+        " ...)" if len(dead) > 10 else ")"
+    )
     _line(
         console,
         f"gaps now: adjacent {_known(g['max_adjacent'])} (bound {_bound(b['adjacent'])}), any "
-        f"pair {_known(g['max_any_pair'])} (bound {_bound(b['any_pair'])})",
+        f"pair {_known(g['max_any_pair'])} (bound {_bound(b['any_pair'])}){among if dead else ''}",
     )
     if snap.get("misplaced"):
         _line(

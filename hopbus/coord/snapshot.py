@@ -7,6 +7,7 @@ containers, or one that has ended but whose keys are still there.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -23,6 +24,8 @@ from hopbus.coord.runs import (
     said_why,
 )
 from hopbus.coord.tokens import queue_sizes, token_edges
+from hopbus.topology import GapSetting, Topology
+from hopbus.topology.bounds import table1_columns
 
 
 def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
@@ -36,6 +39,50 @@ def _entries(raw: list) -> list[dict[str, Any]]:
         rec.update(_decode(fields))
         out.append(rec)
     return out
+
+
+def live_gaps(
+    iters: list[int | None], topo: Topology, setting: GapSetting, dead: Collection[int]
+) -> dict[str, Any]:
+    """The gaps between the workers' counters as Redis holds them now, with Table 1's bounds
+    on them, for ``inspect`` and ``top`` alike. Among the live workers only: one declared
+    dead stopped where it was and the run goes on without it (docs/faults.md), so no gap
+    with it counts, and the bounds are those of the graph without it (``bounds_without``),
+    as the run's own check holds them. ``over_bound``: neighbour pairs above their bound."""
+    from hopbus.protocol.membership import bounds_without
+
+    n = topo.n
+    live = [None if i in dead else it for i, it in enumerate(iters)]
+    b = bounds_without(topo, setting, dead)
+    largest: int | None = None
+    over = 0
+    into = out = 0.0  # the largest bound over live in- and out-neighbour pairs
+    for a in range(n):
+        if a in dead:
+            continue
+        ins, outs = set(topo.in_peers[a]) - {a}, set(topo.out_peers[a]) - {a}
+        into = max([into, *(b[a, j] for j in ins if j not in dead)])
+        out = max([out, *(b[a, j] for j in outs if j not in dead)])
+        for j in ins | outs:
+            ia, ij = live[a], live[j]
+            if ia is None or ij is None:
+                continue
+            largest = ia - ij if largest is None else max(largest, ia - ij)
+            over += int(ia - ij > b[a, j])
+    known = [it for it in live if it is not None]
+    alive = [i for i in range(n) if i not in dead]
+    pairs = max((b[i, j] for i in alive for j in alive if i != j), default=0.0)
+    bound = table1_columns(into, out, pairs) if dead else topo.table1(setting)
+    return {
+        "matrix": [[None if x is None or y is None else x - y for y in live] for x in live]
+        if n <= 32
+        else None,
+        "max_adjacent": largest,
+        "max_any_pair": max(known) - min(known) if known else None,
+        "over_bound": over,
+        "bound": bound,
+        "dead": sorted(dead),
+    }
 
 
 def snapshot(
@@ -104,24 +151,7 @@ def snapshot(
                 },
             }
         )
-    known = [(i, it) for i, it in enumerate(iters) if it is not None]
-    gaps = {
-        "matrix": [[None if a is None or b is None else a - b for b in iters] for a in iters]
-        if n <= 32
-        else None,
-        "max_adjacent": max(
-            (
-                iters[j] - iters[i]
-                for j, i in edges
-                if iters[i] is not None and iters[j] is not None
-            ),
-            default=None,
-        ),
-        "max_any_pair": (max(it for _, it in known) - min(it for _, it in known))
-        if known
-        else None,
-        "bound": topo.table1(cfg.gap_setting()),
-    }
+    gaps = live_gaps(iters, topo, cfg.gap_setting(), dead)
     return {
         "run": keys.run,
         "status": run_status(client, keys, n, cfg.iterations),

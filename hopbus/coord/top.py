@@ -10,6 +10,7 @@ Times come from Redis (stream ids and TIME), so a viewer on another host sees no
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,10 +161,11 @@ class TopReader:
                 setting,
                 now_ms,
                 cfg.iterations,
+                snap["gaps"]["dead"],
             )
             for i in range(topo.n)
         ]
-        max_gap, over = _gaps(iters, topo, setting)
+        gaps = snap["gaps"]
         return TopView(
             run=self.keys.run,
             status=snap["status"],
@@ -172,9 +174,9 @@ class TopReader:
             workers=topo.n,
             iterations=cfg.iterations,
             elapsed_s=elapsed,
-            max_gap=max_gap,
-            gap_bound=snap["gaps"]["bound"]["adjacent"],
-            over_bound=over,
+            max_gap=gaps["max_adjacent"],
+            gap_bound=gaps["bound"]["adjacent"],
+            over_bound=gaps["over_bound"],
             max_ig=setting.max_ig,
             rows=rows,
         )
@@ -190,6 +192,7 @@ class TopReader:
         setting: GapSetting,
         now_ms: int,
         target: int,
+        dead: Collection[int],
     ) -> WorkerRow:
         s = self._seen.get(i, _Seen())
         while s.recent and s.recent[0][0] < now_ms - self.window_ms:
@@ -200,7 +203,8 @@ class TopReader:
             advanced = sum(to - start for _, start, to in s.recent)
             rate = advanced / (self.window_ms / 1000)
         done = it is not None and it >= target
-        waits = () if done or it is None else _waits_on(i, iters, sizes, topo, setting)
+        quiet = done or it is None or i in dead  # waits on nobody
+        waits = () if quiet else _waits_on(i, iters, sizes, topo, setting, dead)
         waits_s = (now_ms - s.latest_ms) / 1000 if waits and s.latest_ms is not None else None
         own = [sizes[(j, i)] for j in topo.out_peers[i] if (j, i) in sizes]
         caps = [
@@ -236,10 +240,12 @@ def _waits_on(
     sizes: dict[tuple[int, int], int],
     topo: Topology,
     setting: GapSetting,
+    dead: Collection[int],
 ) -> tuple[int, ...]:
     """Neighbours worker i cannot pass until they advance, as the keys show it now: an
     in-neighbour already ``setting.forward`` behind (i needs its updates), or an out-neighbour
-    whose token queue to i is empty (i needs its token)."""
+    whose token queue to i is empty (i needs its token); not one declared dead (the run
+    goes on without it)."""
     it = iters[i]
     assert it is not None
     on = {
@@ -249,21 +255,4 @@ def _waits_on(
     }
     if setting.max_ig > 0:
         on |= {j for j in topo.out_peers[i] if sizes.get((j, i), 1) == 0}
-    return tuple(sorted(on))
-
-
-def _gaps(iters: list[int | None], topo: Topology, setting: GapSetting) -> tuple[int | None, int]:
-    """The largest gap between neighbours now, and how many neighbour pairs are above their own
-    Table 1 bound (``Topology.bounds``)."""
-    bounds = topo.bounds(setting)
-    largest: int | None = None
-    over = 0
-    for a in range(topo.n):
-        for b in set(topo.in_peers[a]) | set(topo.out_peers[a]):
-            ia, ib = iters[a], iters[b]
-            if ia is None or ib is None or a == b:
-                continue
-            gap = ia - ib
-            largest = gap if largest is None else max(largest, gap)
-            over += int(gap > bounds[a, b])
-    return largest, over
+    return tuple(sorted(on - set(dead)))

@@ -107,11 +107,17 @@ def table1(setting: GapSetting, paths: PathFacts) -> dict[str, float | None]:
     f, b, back = setting.forward, setting.backward, paths.max_return
     into = neighbour_bound(setting, back, 1)
     out = neighbour_bound(setting, 1, back)
+    return table1_columns(into, out, largest_bound(f, b, paths.pairs))
+
+
+def table1_columns(into: float, out: float, any_pair: float) -> dict[str, float | None]:
+    """Table 1's columns as hopbus reports them, from the largest bound over in-neighbour
+    pairs, out-neighbour pairs and any pair: None where it is infinite."""
     return {
         "in_neighbour": _finite(into),
         "out_neighbour": _finite(out),
         "adjacent": _finite(max(into, out)),
-        "any_pair": _finite(largest_bound(f, b, paths.pairs)),
+        "any_pair": _finite(any_pair),
     }
 
 

@@ -86,6 +86,14 @@ def test_backup_mode_goes_on_without_a_killed_worker(redis_url, redis_client, tm
     assert f"worker {VICTIM} was killed by SIGKILL; the run goes on without it" in err
     assert _longest_stall(redis_client, keys, killed) < HEARTBEAT
     assert not processes_mentioning(run)
+    # inspect and top read the gaps among the live workers: the dead one, left behind at its
+    # iteration, broke no bound (both counted it, 200 behind, as a broken bound)
+    p = hopbus("inspect", "--run", run, "--redis", redis_url, "--json")
+    gaps = json.loads(p.stdout)["gaps"]
+    assert gaps["dead"] == [VICTIM] and gaps["over_bound"] == 0, gaps
+    assert gaps["max_adjacent"] <= gaps["bound"]["adjacent"], gaps
+    top = hopbus("top", "--run", run, "--redis", redis_url, "--once")
+    assert top.returncode == 0 and "ABOVE" not in top.stdout, top.stdout
 
 
 def test_standard_mode_stops_and_names_the_killed_worker(redis_url, redis_client, tmp_path):
