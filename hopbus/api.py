@@ -48,8 +48,9 @@ class NotLaunchedError(UserError):
 
 def launched() -> bool:
     """Whether this process was started as a worker of a run (``hopbus launch`` or
-    ``hopbus worker -- COMMAND``): a script can then train alone when it was not."""
-    return bool(os.environ.get(env.RUN))
+    ``hopbus worker -- COMMAND``): a script can then train alone when it was not. A
+    ``HOPBUS_RUN`` exported in the shell (for hopbus top or inspect) does not make it one."""
+    return env.flag(os.environ.get(env.SCRIPT))
 
 
 _HOOKED: list[bool] = []  # once the hook is installed

@@ -75,6 +75,7 @@ def script_env(
     """This environment with the run's variables set (any stale ones of another run gone)."""
     out = {k: v for k, v in os.environ.items() if k not in env.WORKER_VARS}
     out.update({env.RUN: run, env.REDIS: redis_url, env.ID: str(worker), env.BIND: bind})
+    out[env.SCRIPT] = "1"
     optional = {
         env.ADVERTISE: advertise,
         env.TIMEOUT: None if timeout is None else repr(timeout),

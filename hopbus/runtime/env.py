@@ -25,12 +25,15 @@ REJOIN = "HOPBUS_REJOIN"  # a replacement for dead worker ID
 TENSORBOARD = "HOPBUS_TENSORBOARD"  # the run's TensorBoard folder (worker-I/ under it)
 MODEL = "HOPBUS_MODEL"  # the run's --model MODULE:FUNCTION this node may run (own_code.py)
 DATA = "HOPBUS_DATA"  # the run's --data MODULE:FUNCTION this node may run
+# set to 1 for a script started as a worker (hopbus launch, hopbus worker -- COMMAND) only:
+# HOPBUS_RUN alone is no sign, users export it for hopbus top, inspect and watch
+SCRIPT = "HOPBUS_SCRIPT"
 # the launcher that started this process tree: passed on to everything below it (not one of
 # WORKER_VARS, which hopbus worker sets afresh), so that reaper.marked finds what is left
 LAUNCH = "HOPBUS_LAUNCH"
 
 WORKER_VARS = (RUN, REDIS, ID, BIND, ADVERTISE, TIMEOUT, CURVE, DEVICE, CHECKPOINT_DIR,
-               RESUME_FROM, REJOIN, TENSORBOARD, MODEL, DATA)  # fmt: skip
+               RESUME_FROM, REJOIN, TENSORBOARD, MODEL, DATA, SCRIPT)  # fmt: skip
 """What a launcher sets for its workers (and clears from its own environment first)."""
 
 

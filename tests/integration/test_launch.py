@@ -356,11 +356,13 @@ def test_join_outside_a_run_says_how_to_launch(tmp_path):
         "with `hopbus launch -n 4 -- python SCRIPT` (a local run), or one copy with `hopbus "
         "worker --run RUN --redis URL -- python SCRIPT`"
     ]
-    alone = subprocess.run(
-        [sys.executable, "-c", "import hopbus; print(hopbus.launched())"],
-        capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
-    )  # fmt: skip
-    assert alone.stdout.strip() == "False"
+    # HOPBUS_RUN exported for hopbus top or inspect does not make a script a worker
+    for exported in ({}, {"HOPBUS_RUN": "r1", "HOPBUS_ID": "0"}):
+        alone = subprocess.run(
+            [sys.executable, "-c", "import hopbus; print(hopbus.launched())"],
+            capture_output=True, text=True, env=clean_env(**exported), timeout=60, check=False,
+        )  # fmt: skip
+        assert alone.stdout.strip() == "False", exported
 
 
 def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, script):
