@@ -16,7 +16,7 @@ from rich.console import Console
 from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
-from hopbus.config import TrainConfig
+from hopbus.config import OWN_MODEL_FIELDS, TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
@@ -344,6 +344,7 @@ def launch_cmd(**params: Any) -> None:
     cfg = o.resolve(params["config"], _with_curve(given, curve_dir), TrainConfig)
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
+    _warn_own_model_settings(params["config"])
     with _following(params["as_json"]) as display:
         launcher, outcome = train(
             cfg, run=params["run"], out=params["out"], redis_url=params["redis"],
@@ -352,13 +353,35 @@ def launch_cmd(**params: Any) -> None:
     _report(launcher, outcome, params["as_json"], display.shown)
 
 
+def _warn_own_model_settings(config: Path | None) -> None:
+    """hopbus launch takes no --lr (the script has its own): a config file's lr, or a
+    HOPBUS_LR in the environment, is said to be ignored too, not taken in silence."""
+    import os
+    import warnings
+
+    from hopbus.config import load_toml
+    from hopbus.models.custom import SCRIPT
+
+    found = [
+        f"{k} ({config})"
+        for k, v in (load_toml(config) if config is not None else {}).items()
+        if k in OWN_MODEL_FIELDS and v != SCRIPT
+    ]
+    found += [
+        f"HOPBUS_{k.upper()}" for k in OWN_MODEL_FIELDS if os.environ.get(f"HOPBUS_{k.upper()}")
+    ]
+    if found:
+        warnings.warn(
+            f"hopbus launch ignores {', '.join(found)}: settings of hopbus's own models "
+            "(hopbus train); your script sets its own, from its arguments after --",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 # launch takes train's run flags but those of hopbus's own models (the script has its own),
 # the related schemes' and --resume, plus the command
-LAUNCH_LEAVES_OUT = (
-    "model", "data", "data_dir", "device", "hidden", "batch_size", "lr", "momentum",
-    "weight_decay", "eval_every", "checkpoint_every", "lookahead", "group_size", "sync_period",
-    "resume",
-)  # fmt: skip
+LAUNCH_LEAVES_OUT = (*OWN_MODEL_FIELDS, "lookahead", "group_size", "sync_period", "resume")
 LAUNCH_OPTS = {"mode": o.LaunchModeOpt, "iter_time": o.LaunchIterTime}  # said for a script
 launch_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
     parameters=[

@@ -336,13 +336,17 @@ def test_the_scripts_flags_are_its_own_with_or_without_a_double_dash(redis_url, 
         args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), "-n",
                            "2", "--topology", "ring", "--iterations", "5", *dashes,
                            sys.executable, str(wrapper), "--seed", "7", "-n", "9")  # fmt: skip
-        p = subprocess.run(args, capture_output=True, text=True, env=clean_env(), timeout=240,
-                           check=False)  # fmt: skip
+        # a HOPBUS_LR exported for hopbus train: said to be ignored, as --lr is refused
+        p = subprocess.run(args, capture_output=True, text=True, env=clean_env(HOPBUS_LR="3"),
+                           timeout=240, check=False)  # fmt: skip
         assert p.returncode == 0, p.stderr
+        assert "hopbus: warning: hopbus launch ignores HOPBUS_LR: settings of" in p.stderr
         log = (out / "logs" / "worker-0.log").read_text()
         assert "argv ['--seed', '7', '-n', '9']" in log, log
         config = (out / "config.toml").read_text()
         assert "workers = 2" in config and "seed = 7" not in config, config
+        # nor does its config.toml record what only hopbus's own models use
+        assert "lr = " not in config and 'model = "script"' in config, config
 
 
 def test_join_outside_a_run_says_how_to_launch(tmp_path):

@@ -136,3 +136,21 @@ def test_a_file_setting_a_flag_overrides_is_taken_when_fine(tmp_path):
     path.write_text('mode = "backup"\nbackup = 2\nworkers = 4\n')
     cfg = resolve(path, {"backup": 1, "workers": 8})
     assert cfg.mode is Mode.BACKUP and cfg.backup == 1 and cfg.workers == 8
+
+
+def test_launch_says_it_ignores_a_files_settings_of_hopbus_own_models(tmp_path, monkeypatch):
+    """hopbus launch refuses --lr; the same lr from a file (a hopbus train config.toml) is
+    said to be ignored, and a launch run's own config.toml (model = "script") is quiet."""
+    from hopbus.cli.cluster import _warn_own_model_settings
+
+    monkeypatch.delenv("HOPBUS_LR", raising=False)
+    path = tmp_path / "cfg.toml"
+    path.write_text('model = "softmax"\nlr = 0.5\nworkers = 2\n')
+    with pytest.warns(UserWarning, match=r"ignores model \(.*cfg.toml\), lr \(.*cfg.toml\)"):
+        _warn_own_model_settings(path)
+    path.write_text('model = "script"\ndata = "script"\nworkers = 2\n')
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_own_model_settings(path)
