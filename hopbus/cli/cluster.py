@@ -60,8 +60,9 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
         _emit_json(s)
     else:
         render.summary(Console(), s)
-    logs = f" (every process's output: {launcher.out / 'logs'})" if outcome.failure else ""
-    err.print(f"hopbus: results in {launcher.out}{logs}", highlight=False, soft_wrap=True)
+    logs = launcher.out / "logs"  # none from a watch: the workers' logs stay where they ran
+    logs_said = f" (every process's output: {logs})" if outcome.failure and logs.is_dir() else ""
+    err.print(f"hopbus: results in {launcher.out}{logs_said}", highlight=False, soft_wrap=True)
     if outcome.failure:
         raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
     if s["violations"]:

@@ -260,8 +260,10 @@ def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path):
                 p.kill()
     assert procs[VICTIM].returncode == 130, victim_err
     assert watch.returncode == 1, said
-    last = said.strip().splitlines()[-1]
+    *_, results, last = said.strip().splitlines()
     assert f"worker {VICTIM}" in last and "interrupted (Ctrl-C or SIGTERM)" in last, last
+    # a watch has no logs folder to point at: the workers' logs stay where they ran
+    assert results == f"hopbus: results in {tmp_path / 'w'}", results
     stop = redis_client.get(RunKeys(run).stop).decode()
     assert f"worker {VICTIM}" in stop and "interrupted (Ctrl-C or SIGTERM)" in stop, stop
     assert not processes_mentioning(run)
