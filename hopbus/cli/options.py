@@ -190,7 +190,15 @@ TrainWorkers = Annotated[
         rich_help_panel=PANEL_RUN,
     ),
 ]
-Model = Annotated[str | None, _opt("model", panel=PANEL_TRAIN)]
+Model = Annotated[
+    str | None,
+    _opt(
+        "model",
+        panel=PANEL_TRAIN,
+        extra="Or script (hopbus create only): a run whose workers are your own script, each "
+        "started with hopbus worker --run R -- COMMAND (hopbus launch records its runs so).",
+    ),
+]
 Data = Annotated[str | None, _opt("data", panel=PANEL_TRAIN)]
 DataDir = Annotated[str | None, _opt("data_dir", panel=PANEL_TRAIN)]
 Device = Annotated[str | None, _opt("device", panel=PANEL_TRAIN)]
