@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -148,6 +149,39 @@ def join(
     return ctx
 
 
+def fit_epochs(samples: int, batch_size: int, validation_split: float, left: int) -> int:
+    """``ctx.epochs``: epochs of ``batch_size`` batches over what ``validation_split`` leaves
+    of ``samples`` rows that cover ``left`` iterations (at least 1)."""
+    for name, value in (("samples", samples), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise UserError(
+                f"ctx.epochs(): {name} must be a whole number of at least 1, not {value!r:.40}"
+            )
+    if not isinstance(validation_split, numbers.Real) or not 0.0 <= validation_split < 1.0:
+        raise UserError(
+            f"ctx.epochs(): validation_split {validation_split!r:.40} is not a number in [0, 1)"
+        )
+    rows = math.floor(int(samples) * (1.0 - validation_split))
+    per_epoch = max(1, math.ceil(rows / int(batch_size)))
+    return max(1, math.ceil(left / per_epoch))
+
+
+def _rows_of(a: Any, rows: Any) -> Any:
+    """``a``'s rows ``rows``, in its own kind: numpy arrays (and whatever indexes as they do:
+    PyTorch tensors), lists and tuples as lists, pandas objects by position."""
+    if isinstance(a, list | tuple):
+        return [a[i] for i in rows]
+    if hasattr(a, "iloc"):  # pandas: a[rows] would pick columns
+        return a.iloc[rows]
+    try:
+        return a[rows]
+    except (TypeError, IndexError, KeyError, ValueError):
+        raise UserError(
+            f"ctx.shard(): cannot take rows of a {type(a).__name__} by position; give numpy "
+            "arrays (np.asarray(x)), lists or pandas objects"
+        ) from None
+
+
 class Context:
     """This process's place in a run: who it is, the run's settings, and the calls around each
     local step (see the module docstring). Made by ``hopbus.join()``."""
@@ -221,18 +255,14 @@ class Context:
         if len(lengths) != 1:
             raise UserError(f"ctx.shard(): the arrays have different lengths {sorted(lengths)}")
         rows = shard_rows(lengths.pop(), self.worker, self.workers, self.seed)
-        parts = tuple(a[rows] for a in arrays)
+        parts = tuple(_rows_of(a, rows) for a in arrays)
         return parts[0] if len(parts) == 1 else parts
 
     def epochs(self, samples: int, batch_size: int, validation_split: float = 0.0) -> int:
         """Epochs over ``samples`` rows that cover the run's iterations, for ``model.fit``
         (one batch per iteration; the callback stops fit once the run is done). Give fit's
         ``validation_split`` too, if you use one: fit trains on the rows it leaves."""
-        if not 0.0 <= validation_split < 1.0:
-            raise UserError(f"ctx.epochs(): validation_split {validation_split} is not in [0, 1)")
-        rows = math.floor(samples * (1.0 - validation_split))
-        per_epoch = max(1, math.ceil(rows / max(1, batch_size)))
-        return max(1, math.ceil((self.iterations - self.iteration) / per_epoch))
+        return fit_epochs(samples, batch_size, validation_split, self.iterations - self.iteration)
 
     # -- around each step -----------------------------------------------------------------------
     def start(

@@ -1,0 +1,40 @@
+"""The pure helpers behind ``ctx.epochs`` and ``ctx.shard``: nonsense in, one line out."""
+
+import numpy as np
+import pytest
+
+from hopbus.api import _rows_of, fit_epochs
+from hopbus.errors import UserError
+
+
+def test_epochs_cover_the_iterations_left():
+    assert fit_epochs(100, 10, 0.0, 35) == 4  # 10 batches an epoch
+    assert fit_epochs(100, 10, 0.5, 35) == 7  # 5 batches an epoch on what the split leaves
+    assert fit_epochs(100, 1000, 0.0, 3) == 3  # a batch larger than the data: one per epoch
+    assert fit_epochs(100, 10, 0.0, 0) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((100, 0, 0.0), "batch_size must be a whole number of at least 1, not 0"),
+        ((0, 32, 0.0), "samples must be a whole number of at least 1, not 0"),
+        ((100.5, 32, 0.0), "samples must be a whole number"),
+        ((True, 32, 0.0), "samples must be a whole number"),
+        ((100, 32, 1.0), r"validation_split 1.0 is not a number in \[0, 1\)"),
+        ((100, 32, "0.2"), "validation_split '0.2' is not a number"),
+        ((100, 32, float("nan")), "validation_split nan is not a number"),
+    ],
+)
+def test_epochs_refuse_nonsense_in_one_line(args, match):
+    with pytest.raises(UserError, match=match):
+        fit_epochs(*args, 10)
+
+
+def test_rows_of_keep_each_kind():
+    rows = np.array([2, 0])
+    assert _rows_of(np.arange(5) * 10, rows).tolist() == [20, 0]
+    assert _rows_of([1, 2, 3, 4, 5], rows) == [3, 1]
+    assert _rows_of(("a", "b", "c"), rows) == ["c", "a"]
+    with pytest.raises(UserError, match="cannot take rows of a dict by position"):
+        _rows_of({"a": 1}, rows)
