@@ -134,7 +134,9 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
     if fn is None:
         raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no {func!r}")
     if not callable(fn):
-        raise ConfigError(f"{flag} {spec!r}: {func!r} is a {type(fn).__name__}, not a function")
+        kind = type(fn).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise ConfigError(f"{flag} {spec!r}: {func!r} is {article} {kind}, not a function")
     return fn
 
 

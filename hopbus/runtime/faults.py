@@ -47,8 +47,16 @@ class Faults:
         for part in filter(None, (p.strip() for p in spec.split(","))):
             who, _, what = part.partition(":")
             name, _, arg = what.partition("=")
-            if name not in NAMES or not who.isdigit() or (name not in FLAGS) != bool(arg):
-                raise ConfigError(f"{ENV}: cannot read {part!r}; expected WORKER:NAME[=ITER]")
+            counted = name not in FLAGS  # crash_at=ITER, hang_at=ITER
+            if (
+                name not in NAMES
+                or not (who.isascii() and who.isdigit())
+                or counted != (arg.isascii() and arg.isdigit())
+            ):
+                raise ConfigError(
+                    f"{ENV}: cannot read {part[:80]!r}; expected WORKER:NAME or WORKER:NAME=ITER, "
+                    f"NAME one of {', '.join(FLAGS)}, or with =ITER {', '.join(NAMES[len(FLAGS) :])}"
+                )
             if int(who) == worker:
                 found[name] = True if name in FLAGS else int(arg)
         return cls(**found)  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def test_a_file_path_and_a_module_name_both_load(tmp_path, monkeypatch):
     ("body", "spec_tail", "expected"),
     [
         ("x = 1\n", ":nothing", "has no 'nothing'"),
-        ("x = 1\n", ":x", "'x' is a int, not a function"),
+        ("x = 1\n", ":x", "'x' is an int, not a function"),
         (
             "raise ValueError('bad config line\\nsecond line')\n",
             ":f",
