@@ -53,9 +53,10 @@ class Faults:
                 or not (who.isascii() and who.isdigit())
                 or counted != (arg.isascii() and arg.isdigit())
             ):
+                with_iter = ", ".join(n for n in NAMES if n not in FLAGS)
                 raise ConfigError(
                     f"{ENV}: cannot read {part[:80]!r}; expected WORKER:NAME or WORKER:NAME=ITER, "
-                    f"NAME one of {', '.join(FLAGS)}, or with =ITER {', '.join(NAMES[len(FLAGS) :])}"
+                    f"NAME one of {', '.join(FLAGS)}, or with =ITER {with_iter}"
                 )
             if int(who) == worker:
                 found[name] = True if name in FLAGS else int(arg)

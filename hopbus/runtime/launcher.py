@@ -1780,6 +1780,11 @@ def train(
     if command is not None:
         if not command:
             raise ConfigError(f"hopbus launch: give the command to run after --: {LAUNCH_USAGE}")
+        if command[0].startswith("-") and shutil.which(command[0]) is None:
+            raise ConfigError(
+                f"hopbus launch: the command after -- begins with {command[0][:40]!r}: "
+                f"hopbus launch's own flags go before the --, the command after it ({LAUNCH_USAGE})"
+            )
         if shutil.which(command[0]) is None:  # before any process or key exists
             script = command[0].endswith(".py") and Path(command[0]).is_file()
             raise ConfigError(

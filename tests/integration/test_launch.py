@@ -306,6 +306,7 @@ def test_bad_launches_are_one_line(redis_url, tmp_path, script):
         ),
         (["--bogus"], [sys.executable, str(script)], "No such option: --bogus"),
         ([], ["hopbus-no-such-program-xyz"], "cannot run 'hopbus-no-such-program-xyz'"),
+        ([], ["-n", "2", sys.executable], "own flags go before the --, the command after it"),
         ([], [str(script)], f"a Python script: put the interpreter first, `-- python {script}`"),
         ([], [str(shim), "-c", "import hopbus"], "hopbus is installed for "),
     ):

@@ -115,7 +115,7 @@ def test_faults_by_name():
     assert Faults.for_worker(2, "2:never_register").never_register
     assert Faults.for_worker(0, "") == Faults()
     for bad in ("2:explode", "x:crash_at=1", "1:crash_at", "1:never_register=3", "1:crash_at=x"):
-        with pytest.raises(ConfigError, match="HOPBUS_FAULTS: .*NAME one of never_register"):
+        with pytest.raises(ConfigError, match=r"HOPBUS_FAULTS: .*NAME one of never_register"):
             Faults.for_worker(0, bad)
 
 
