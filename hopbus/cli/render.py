@@ -182,6 +182,10 @@ def summary(console: Console, s: dict[str, Any]) -> None:
                 + ("; the run went on without them" if s["finished"] else ""),
             )
         )
+    back = [x for x in s.get("rejoined_workers") or [] if isinstance(x, dict)]
+    took = ", ".join(f"worker {x.get('worker')} from iteration {x.get('iteration')}" for x in back)
+    if back:
+        rows.append(("replacements", f"{took} (hopbus worker --rejoin)"))
     g, b = s["max_gap"], s["gap_bound"]
     hop = cfg["mode"] not in _SCHEME_KNOBS
     viol = s["violations"]

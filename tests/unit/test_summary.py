@@ -50,7 +50,11 @@ def test_the_printed_summary_names_the_workers_a_run_went_on_without():
     render.summary(console, s)
     text = console.export_text()
     assert "lost workers" in text and "worker 1 in iteration 5" in text, text
-    assert "went on without them" in text
+    assert "went on without them" in text and "replacements" not in text
+    s["rejoined_workers"] = [{"worker": 1, "iteration": 9, "t": 0.9}]
+    console = Console(record=True, width=200)
+    render.summary(console, s)
+    assert "worker 1 from iteration 9 (hopbus worker --rejoin)" in console.export_text()
 
 
 def test_the_summary_table_shows_a_final_loss_without_an_accuracy():
