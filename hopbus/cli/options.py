@@ -407,6 +407,14 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
             UserWarning,
             stacklevel=2,
         )
+    beat, wait = getattr(cfg, "heartbeat", None), getattr(cfg, "timeout", None)
+    if given.get("heartbeat") is not None and beat is not None and wait is not None and beat > wait:
+        warnings.warn(
+            f"--heartbeat {beat:g} is longer than --timeout {wait:g}: a worker's heartbeat "
+            f"lives {wait:g} s (capped at --timeout), so one silent that long counts as dead",
+            UserWarning,
+            stacklevel=2,
+        )
     if given.get("device") not in (None, "auto") and cfg.model not in TF_MODELS:
         warnings.warn(
             f"--device has no effect with --model {cfg.model}: the numpy models run on the CPU",

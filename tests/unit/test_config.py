@@ -154,3 +154,20 @@ def test_launch_says_it_ignores_a_files_settings_of_hopbus_own_models(tmp_path, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_own_model_settings(path)
+
+
+def test_a_heartbeat_longer_than_the_timeout_is_said_to_be_capped():
+    """--heartbeat 100 --timeout 5: the heartbeat lives 5 s, said once; the default heartbeat
+    under a short --timeout is no news to the user, who gave no --heartbeat."""
+    import warnings
+
+    from hopbus.cli.options import warn_unused
+    from hopbus.config import TrainConfig
+
+    cfg = make_config({"heartbeat": 100, "timeout": 5}, cls=TrainConfig)
+    with pytest.warns(UserWarning, match="--heartbeat 100 is longer than --timeout 5"):
+        warn_unused(cfg, {"heartbeat": 100, "timeout": 5})
+    cfg = make_config({"timeout": 2}, cls=TrainConfig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_unused(cfg, {"timeout": 2})
