@@ -417,13 +417,14 @@ class Node:
         (no spare capacity): stop the run for every node, naming them, and fail, saying why
         it cannot go on (``reason``) if there is more to it. A Hop worker with backup workers
         may go on instead (Worker._lose)."""
-        why = (
-            f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
-            f"({self.keys.hb(dead[0])}) is gone: the process died or lost Redis"
-            + (f"; {reason}" if reason else "")
-        )
         said = said_why(self.r, self.keys, max(dead) + 1)  # why, if it said (watch's rule)
         told = "; ".join(said[j][1] for j in dead if j in said)
+        why = (
+            f"{self.who} waited for {what} from {names(dead, self.ps_id)}, whose heartbeat "
+            f"({self.keys.hb(dead[0])}) is gone: "
+            + (f"it said: {told}" if told else "the process died or lost Redis")
+            + (f"; {reason}" if reason else "")
+        )
         self.control.stop_run(
             f"{names(dead, self.ps_id)} died (heartbeat gone{f': {told}' if told else ''})"
         )

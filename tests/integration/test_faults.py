@@ -252,8 +252,7 @@ def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path):
         procs[VICTIM].send_signal(signal.SIGINT)
         _, victim_err = procs[VICTIM].communicate(timeout=60)
         _, said = watch.communicate(timeout=120)
-        for p in procs:
-            p.communicate(timeout=120)
+        peers = [p.communicate(timeout=120)[1] for p in procs]
     finally:
         for p in [*procs, watch]:
             if p.poll() is None:
@@ -266,4 +265,9 @@ def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path):
     assert results == f"hopbus: results in {tmp_path / 'w'}", results
     stop = redis_client.get(RunKeys(run).stop).decode()
     assert f"worker {VICTIM}" in stop and "interrupted (Ctrl-C or SIGTERM)" in stop, stop
+    # every other worker's last line says why too, the one that saw the heartbeat go first
+    # included (it said only 'the process died or lost Redis')
+    for i, err in enumerate(peers):
+        last = err.strip().splitlines()[-1] if i != VICTIM and err.strip() else ""
+        assert i == VICTIM or "interrupted (Ctrl-C or SIGTERM)" in last, (i, err[-600:])
     assert not processes_mentioning(run)
