@@ -125,7 +125,8 @@ def check_url(url: str) -> None:
     shown_url = redact(url.partition("?")[0])  # the query may say what is wrong: left out
     if parts.scheme != "unix":
         db = parts.path.lstrip("/")
-        if db and not db.isdigit():  # not quoted: it may be a password typed in its place
+        # not quoted: it may be a password typed in its place
+        if db and not (db.isascii() and db.isdigit()):
             shown_host = redact(f"{parts.scheme}://{parts.netloc}")
             raise ConfigError(
                 f"--redis '{shown_host}/...': what follows the port must be a database number "

@@ -22,9 +22,16 @@ MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
 INCARNATION_DIGITS = 15  # a replacement's number, as the Lua scripts read it too (exact there)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-"""Control characters: a value that reaches a terminal must not move its cursor, clear it,
-retitle it or start a line of its own."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+"""Control characters, and the Unicode ones that break or reorder a line (line and paragraph
+separators, bidirectional marks, embeddings, overrides and isolates): a value that reaches a
+terminal must not move its cursor, clear it, retitle it, start a line of its own or show its
+text in another order than it has."""
+
+_INTEGER = re.compile(r"-?[0-9]+")
+"""A base-10 integer in ASCII digits, as Redis's INCR and the Lua scripts' tonumber read one
+(Python's int() also takes other scripts' digits, '²' (and raises) or '１' (1): a value one
+side reads and the other does not)."""
 
 
 def text(value: Any, limit: int = 2000) -> str | None:
@@ -75,7 +82,7 @@ def integer(value: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
     if s is None:
         return None
     s = s.strip()
-    if not s or not (s.isdigit() or (s[0] == "-" and s[1:].isdigit())):
+    if not _INTEGER.fullmatch(s):
         return None
     n = int(s)
     return n if lo <= n <= hi else None
@@ -93,7 +100,7 @@ def number(value: Any) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     s = text(value, 60)
-    if s is None:
+    if s is None or not s.isascii() or "_" in s:  # float() takes '１' and '1_0' too
         return None
     try:
         return float(s)
@@ -155,6 +162,16 @@ def gone(value: Any, pttl: Any) -> bool:
     return not beating(value, pttl) and text(value, 40) != FINISHED
 
 
+def _finite_json_number(value: Any) -> bool:
+    """A JSON number a worker's report holds: a finite float, or an integer of hopbus's
+    range (math.isfinite of a 400-digit integer raises OverflowError)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -MAX_INT <= value <= MAX_INT
+    return isinstance(value, float) and math.isfinite(value)
+
+
 def result(
     raw: Any, *, counter: Any, incarnation: Any, iterations: int, beat: Any
 ) -> dict[str, Any] | None:
@@ -182,11 +199,7 @@ def result(
         else:  # losses (None: not evaluated), counters and times, which the summary adds up;
             # finite (a worker's report is strict JSON: its writer turns NaN and inf into null)
             loss = key in ("final_loss", "final_accuracy")
-            ok = (value is None and loss) or (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            )
+            ok = (value is None and loss) or _finite_json_number(value)
         if not ok:
             return None
     return obj

@@ -28,15 +28,18 @@ from hopbus.topology import GapSetting, Topology
 from hopbus.topology.bounds import table1_columns
 
 
-def _decode(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in d.items()}
+def _decode(d: dict[bytes, bytes], limit: int = 1 << 20) -> dict[str, str]:
+    """A hash's or an entry's fields as text, control characters blanked (``read.text``):
+    what inspect prints must not drive the terminal, whoever wrote it."""
+    return {read.text(k, 200) or "": read.text(v, limit) or "" for k, v in d.items()}
 
 
 def _entries(raw: list) -> list[dict[str, Any]]:
+    """Stream entries as inspect shows them: each field at most 2,000 characters."""
     out = []
     for entry_id, fields in raw:
-        rec: dict[str, Any] = {"id": entry_id.decode()}
-        rec.update(_decode(fields))
+        rec: dict[str, Any] = {"id": read.text(entry_id, 40)}
+        rec.update(_decode(fields, 2000))
         out.append(rec)
     return out
 

@@ -48,7 +48,11 @@ def store_address(bind: str) -> tuple[str, int]:
     parts = urlsplit(bind)
     host, _, port = parts.netloc.rpartition(":")
     host = host.strip("[]")
-    if parts.scheme != "tcp" or not port or (port != "*" and not port.isdigit()):
+    if (
+        parts.scheme != "tcp"
+        or not port
+        or (port != "*" and not (port.isascii() and port.isdigit()))
+    ):
         raise ConfigError(
             f"--bind {bind!r}: --mode allreduce needs tcp://HOST:PORT (or port *) for worker "
             "0's rendezvous store"

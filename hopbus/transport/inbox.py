@@ -102,7 +102,7 @@ def _check_port(bind: str) -> None:
     without a word (tcp://0.0.0.0:99999 bound port 34463), raised as a bind error."""
     if bind.startswith("tcp://"):
         port = bind.rsplit(":", 1)[-1]
-        if port.isdigit() and int(port) > 65535:
+        if port.isascii() and port.isdigit() and int(port) > 65535:
             raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
 
 

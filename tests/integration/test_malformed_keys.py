@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import subprocess
 from pathlib import Path
 
@@ -39,10 +40,13 @@ N = 3
 garbage = st.one_of(
     st.binary(max_size=64),
     st.sampled_from([b"", b"nan", b"inf", b"-1", b"99999999999999999999999", b"1e400", b"{", b"[]",
-                     b'{"iterations": "x"}', b"null", b"\xff\xfe", b"0" * 300]),
+                     b'{"iterations": "x"}', b"null", b"\xff\xfe", b"0" * 300,
+                     # digits Python's int() reads (or raises on) and Redis's Lua does not
+                     "²".encode(), "１".encode(), "٣".encode(),
+                     b'{"iterations": 30, "messages": 1' + b"0" * 400 + b"}"]),
     st.integers(-(2**70), 2**70).map(lambda i: str(i).encode()),
 )  # fmt: skip
-worker = st.integers(-1, N + 2).map(str)
+worker = st.one_of(st.integers(-1, N + 2).map(str), st.sampled_from(["²", "１"]))
 field_names = st.sampled_from(
     ["worker", "iter", "jump", "t", "loss", "wait_s", "blocked_on", "dead", "restore", "kind",
      "message", "eval_loss", "x"]
@@ -181,7 +185,7 @@ def _read_as_the_cli_does(client: redis.Redis, keys: RunKeys) -> None:
 def test_any_value_in_any_key_gets_a_line_never_a_traceback(live_run, kind, who, value, fields):
     live_run.ensure()
     client, keys = live_run.client, live_run.keys
-    if kind == "list" and not who.lstrip("-").isdigit():
+    if kind == "list" and not re.fullmatch(r"-?[0-9]+", who):
         who = "0"
     with contextlib.suppress(redis.ResponseError):  # an earlier example changed the key's type
         _write(client, keys, kind, who if kind != "list" else str(abs(int(who))), value,

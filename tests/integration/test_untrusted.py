@@ -7,7 +7,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
-``hang_before_report`` with a freeze.
+``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``.
 """
 
 from __future__ import annotations
@@ -247,6 +247,33 @@ def test_garbled_incarnations_evict_no_live_worker(redis_url, redis_client, tmp_
     s = json.loads(out)
     assert s["finished"] and s["lost_workers"] == [], s["lost_workers"]
     assert s["iterations"]["min"] == 300 and s["refused"]["final_reports"] == 0
+
+
+def test_digits_of_other_scripts_are_no_numbers_to_any_reader(redis_url, redis_client, tmp_path):
+    """Fault ``unicode_digits``: values that Python's int() reads ('１' is 1) or raises on ('²')
+    and Redis's Lua scripts take for no number, in the incarnation hash, the dead set and both
+    streams of a live backup run, then in a counter and a stats hash of the finished one. They
+    crashed the workers, train, watch, inspect, top and clean; each is now no number to all of
+    them alike: the run finishes with nobody lost, and the CLI reads what is left."""
+    flags = ["-n", "4", "--mode", "backup", "--iterations", "300", "--iter-time", "0.01"]
+    proc, run, keys = _start(redis_url, tmp_path, *flags, "--heartbeat", "2")
+    wait_iteration(redis_client, keys, 0, 50)
+    redis_client.hset(keys.incarnation, mapping={"1": "²", "2": "１"})
+    redis_client.sadd(keys.dead, "１", "²")
+    redis_client.xadd(keys.progress, {"worker": 0, "iter": "²", "jump": 0, "t": 1})
+    redis_client.xadd(keys.events, {"kind": "error", "worker": "²", "message": "boom"})
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    s = json.loads(out)
+    assert s["finished"] and s["lost_workers"] == [] and s["iterations"]["min"] == 300, s
+    assert s["refused"]["progress_entries"] >= 1
+    redis_client.set(keys.iter(0), "²")
+    redis_client.hset(keys.stats(0), "messages", "²")
+    for args in (["inspect"], ["inspect", "--json"], ["top", "--once"], ["clean", "--force"]):
+        p = hopbus(*args, "--run", run, "--redis", redis_url)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not redis_client.exists(keys.meta)  # clean --force took it
 
 
 def test_a_forged_floor_holds_back_no_update(redis_url, redis_client, tmp_path):
@@ -724,6 +751,22 @@ def test_a_key_named_with_escapes_reaches_no_terminal(redis_url, redis_client):
         assert "\x1b" not in p.stdout + p.stderr and "Traceback" not in p.stderr, p.stderr
         assert "evil" not in p.stdout, p.stdout
     redis_client.delete("hop:{evil\x1b]0;TITLE\x07\x1b[2J}:meta", b"hop:{bad\xff}:meta")
+
+
+def test_entries_with_escapes_reach_no_terminal_through_inspect(redis_url, redis_client):
+    """Fault ``escape_in_an_entry``: progress and event entries whose fields hold terminal
+    escapes and a bidi override, as redis-cli can write them: inspect shows the entries with
+    those characters blanked (it printed them raw: a retitled, cleared terminal)."""
+    run = f"esc{os.getpid()}"
+    assert hopbus("create", "--run", run, "--redis", redis_url, "-n", "2").returncode == 0
+    keys = RunKeys(run)
+    redis_client.xadd(keys.events, {"kind": "error\x1b]0;PWNED\x07\x1b[2J", "worker": 0})
+    redis_client.xadd(keys.progress, {"worker": 0, "iter": 1, "loss": "\x1b[5mBLINK\u202e"})
+    p = hopbus("inspect", "--run", run, "--redis", redis_url)
+    assert p.returncode == 0, p.stderr
+    assert "BLINK" in p.stdout and "PWNED" in p.stdout, p.stdout
+    assert not any(c in p.stdout for c in "\x1b\x07\u202e"), repr(p.stdout)
+    assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
 
 
 def test_a_heartbeat_without_a_ttl_keeps_no_dead_worker_alive(redis_url, redis_client, tmp_path):

@@ -174,6 +174,22 @@ def test_text_from_redis_cannot_drive_a_terminal():
     assert read.text("CSI\x9b2J") == "CSI 2J"  # C1 controls too
     assert read.text("x" * 600, 500) == "x" * 500 + "..."
     assert read.text(3) is None
+    # nor break a line, or show it in another order than it has (bidi overrides, isolates)
+    assert read.text("ok \u202eliaf\u2028NEW\u2066x\u200f") == "ok  liaf NEW x "
+
+
+def test_numbers_from_redis_are_ascii_as_redis_and_lua_read_them():
+    """Fault ``unicode_digits``: int('²') raises and int('１') is 1 where Lua's tonumber sees
+    none: both are no number, for every reader (a worker's dead set, a counter, a stream)."""
+    from hopbus.coord import read
+
+    for raw in ("²", "１", b"\xef\xbc\x91", "٣", "1_0", "+3", " ", "-", "3.0"):
+        assert read.integer(raw) is None, raw
+    assert read.integer(b" 42 ") == 42 and read.integer("-3", -5) == -3
+    assert read.ids([b"1", "１", "²", b"2"], 4) == {1, 2}
+    for raw in ("１.5", "1_0", "²"):
+        assert read.number(raw) is None, raw
+    assert read.number("1e3") == 1000.0 and read.number("nan") != read.number("nan")
 
 
 def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
@@ -192,8 +208,15 @@ def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
 
     assert judge(good) == good
     assert judge({**good, "final_loss": None}) is not None  # not evaluated
-    for bad in ({"messages": "x"}, {"final_loss": "0.3"}, {"max_update_queue": [1]},
-                {"device": 5}, {"sketch_exact": 1}, {"cpu_s": True}):  # fmt: skip
+    for bad in (
+        {"messages": "x"},
+        {"final_loss": "0.3"},
+        {"max_update_queue": [1]},
+        {"device": 5},
+        {"sketch_exact": 1},
+        {"cpu_s": True},
+        {"messages": 10**400},
+    ):  # fmt: skip (a float of it overflows)
         assert judge({**good, **bad}) is None, bad
     # non-finite numbers (1e400 in the JSON reads as inf): no writer of a report makes them
     for field, bad in (("messages", "1e400"), ("final_loss", "NaN"), ("cpu_s", "-Infinity")):
