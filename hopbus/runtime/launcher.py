@@ -962,6 +962,16 @@ class Launcher:
         dead, incarnations = self._membership()
         return named & (dead | set(incarnations))
 
+    def _unmarked_deaths(self) -> None:
+        """Workers in the run's dead set whose death the replay has not seen: the workers and
+        the scripts go on without them from the moment the set holds them, so the replay does
+        too (``Replay.declare_dead``), before the entries read with it are judged."""
+        if self.replay is None:
+            return
+        dead, _ = self._membership()
+        for i in sorted(dead - self.replay.monitor.gone):  # where the replay has it so far
+            self.replay.declare_dead(i, self.replay.views[i].iteration, time.time())
+
     def _membership(self) -> tuple[set[int], dict[int, int]]:
         """The run's dead set, and its incarnations (worker -> its newest replacement's
         number), in one round trip; malformed members and entries left out."""
@@ -995,6 +1005,8 @@ class Launcher:
                     if entries:
                         cursor = entries[-1][0]
                         pending.extend(entries)
+                    if pending:
+                        self._unmarked_deaths()  # before the entries that follow a death
                     if pending and self._feed(pending, metrics):
                         pending.clear()
                     done, failure = self._poll()

@@ -163,6 +163,7 @@ class Replay:
         self.monitor = GapMonitor(topo, setting)
         self.lost: list[dict[str, Any]] = []  # workers declared dead: worker, iteration, t
         self.rejoined: list[dict[str, Any]] = []  # replacements that came in: the same fields
+        self._assumed: set[int] = set()  # dead by the dead set, before any marker of it
         self.stats = RunStats(topo.n)
         self.views = [WorkerView() for _ in range(topo.n)]
         self.target_loss = target_loss
@@ -235,6 +236,9 @@ class Replay:
             if it <= v.iteration:  # nothing of it was lost with the old stream
                 self._placed(w)
                 return rec
+        if w in self._assumed and it > v.iteration:  # a step it took before the set held it
+            self._assumed_step(w, it, t)
+            return rec
         if it <= v.iteration or w in self.monitor.gone:  # back, or still there after death
             self.out_of_order += 1
             return rec
@@ -292,7 +296,10 @@ class Replay:
         from hopbus.protocol.membership import bounds_without
 
         gone = set(self.monitor.gone)
+        self._assumed.discard(w)  # its marker, or its replacement's: no longer assumed
         if rec.get("dead"):
+            if w in gone:  # known dead already: its dead set was read before its marker
+                return
             gone.add(w)
             self.monitor.remove(w, bounds_without(self.topo, self.setting, gone))
             self.lost.append({"worker": w, "iteration": it, "t": round(t, 6)})
@@ -303,6 +310,29 @@ class Replay:
         self.rejoined.append({"worker": w, "iteration": it, "t": round(t, 6)})
         self.stats.restart(w, it, t)
         self.views[w].iteration, self.views[w].t = it, t
+
+    def declare_dead(self, w: int, it: int, t: float) -> None:
+        """Worker ``w`` is in the run's dead set, which the workers and the Lua scripts obey,
+        but no death marker of it was replayed (yet): it died in iteration ``it`` at Unix time
+        ``t``, as far as this reader can tell. Without it, a death written into the set by
+        anything but the declaring script (which writes the marker in the same step) left
+        the replay counting gaps against a worker that had left, and the summary without it
+        among the lost. Its marker, if one comes, changes nothing more."""
+        if w not in self.monitor.gone:
+            self._membership({"dead": 1}, w, it, t - self.t0)
+            self._assumed.add(w)
+
+    def _assumed_step(self, w: int, it: int, t: float) -> None:
+        """An entry of worker ``w``, dead by the dead set, read after that set was: a step it
+        took before the set held it (the worker cannot advance after), read late. It is where
+        ``w`` died, not a step out of order; its gaps were never judged against the others'
+        (Table 1 held them while it was alive, and stopped with its death)."""
+        v = self.views[w]
+        v.iteration, v.t = it, t
+        for lost in reversed(self.lost):
+            if lost["worker"] == w:
+                lost["iteration"], lost["t"] = it, round(t, 6)
+                break
 
     def _check_target(self, t: float) -> None:
         if self.target_loss is None or self.time_to_target is not None:

@@ -7,7 +7,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
-``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``.
+``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``, ``unmarked_dead``.
 """
 
 from __future__ import annotations
@@ -997,6 +997,28 @@ def test_a_dead_set_written_by_hand_is_named_by_the_worker_left_waiting(redis_ur
     assert workers[1].returncode == 1, errs[1]
     (line,) = error_lines(errs[1])
     assert f"which only workers declared dead ({keys.dead}) could send" in line, line
+
+
+def test_a_death_written_into_the_dead_set_by_hand_fakes_no_broken_bound(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``unmarked_dead``: worker 1 of a backup run put in the dead set by hand (SADD),
+    with no death marker in the progress stream (only the declaring script writes one). The
+    workers and the scripts go on without it, and so does the follower's replay: the run
+    ends finished with worker 1 among the lost, not with a Table 1 bound 'broken' hundreds of
+    times against a worker that had left (exit 3)."""
+    flags = ["-n", "3", "--topology", "ring", "--mode", "backup", "--backup", "1",
+             "--iterations", "250", "--iter-time", "0.02", "--heartbeat", "3"]  # fmt: skip
+    proc, _, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 1, 30)
+    redis_client.sadd(keys.dead, 1)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and s["violations"] == 0, s["first_violation"]
+    assert [w["worker"] for w in s["lost_workers"]] == [1], s["lost_workers"]
+    assert s["lost_workers"][0]["iteration"] >= 30
+    assert s["per_worker"][0]["iterations"] == s["per_worker"][2]["iterations"] == 250
 
 
 def test_a_worker_waiting_on_a_peer_whose_heartbeat_was_deleted_waits_on(redis_url, redis_client):

@@ -111,3 +111,21 @@ def test_an_entry_placed_out_of_turn_fakes_no_break():
     for t, (w, it) in enumerate(((0, 6), (2, 6), (0, 7), (2, 7)), start=41):
         r.feed({"worker": w, "iter": it, "t": float(t)})
     assert r.monitor.violations == 0 and r.missed == 1
+
+
+def test_a_death_seen_in_the_dead_set_before_its_entries_and_marker():
+    """Fault ``unmarked_dead`` as the replay meets it: worker 2 is in the dead set (the follower
+    read it) before the replay saw its last step or any marker. Its late step is where it died,
+    not a step out of order; a marker that comes after changes nothing; the others' gaps are
+    no longer judged against it; a step behind where it died is not taken."""
+    r = _replay(_steps(*((w, k) for k in range(1, 4) for w in range(3))))
+    r.declare_dead(2, r.views[2].iteration, 10.0)
+    r.feed({"worker": 2, "iter": 4, "t": 11.0})  # taken before the set held it, read late
+    r.feed({"worker": 2, "iter": 4, "dead": 1, "t": 12.0})  # its marker, if one comes
+    for k in range(4, 9):  # the others run on far ahead of it
+        for w in (0, 1):
+            r.feed({"worker": w, "iter": k, "t": 12.0 + k})
+    assert r.monitor.violations == 0 and r.out_of_order == 0
+    assert r.lost == [{"worker": 2, "iteration": 4, "t": 11.0}]
+    r.feed({"worker": 2, "iter": 3, "t": 30.0})  # behind where it died: not taken
+    assert r.out_of_order + r.rejected == 1 and r.views[2].iteration == 4
