@@ -167,11 +167,13 @@ def _read_meta(zf: zipfile.ZipFile) -> dict[str, Any]:
 def readable(folder: Path, worker: int, iteration: int) -> bool:
     """Is that checkpoint complete and intact (every member's CRC checks, the metadata names
     this worker and iteration)? A truncated or corrupt file is False, never an exception."""
+    path = path_of(folder, worker, iteration)
     try:
-        with zipfile.ZipFile(path_of(folder, worker, iteration)) as zf:
+        with zipfile.ZipFile(path) as zf:
             if zf.testzip() is not None:
                 return False
             meta = _read_meta(zf)
+        _check_sizes(path)
     except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError):
         return False
     return meta.get("worker") == worker and meta.get("iteration") == iteration
@@ -208,6 +210,33 @@ def newest_complete(
     return None
 
 
+DEFLATE_RATIO = 1100
+"""More than deflate can shrink anything (some 1032:1): a member that says it unpacks to more is
+no zip hopbus or numpy wrote."""
+
+
+def _check_sizes(path: Path) -> None:
+    """Every array of the file holds the bytes its header declares, before any is read: numpy
+    allocates what the header says first, so a header that declares 10**12 elements (in a
+    64-byte member) would ask for terabytes. Raises ValueError for one that does not."""
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if info.file_size > max(info.compress_size, 1) * DEFLATE_RATIO:
+                raise ValueError(f"{info.filename}: declares more than it can unpack to")
+            with z.open(info) as fh:
+                version = np.lib.format.read_magic(fh)
+                headers = {
+                    (1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0,
+                }
+                if version not in headers:  # numpy.savez writes these two
+                    raise ValueError(f"{info.filename}: npy format {version}")
+                shape, _, dtype = headers[version](fh, max_header_size=10_000)
+                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if need > info.file_size:
+                    raise ValueError(f"{info.filename}: its header declares more than it holds")
+
+
 def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None) -> Checkpoint:
     """Read worker ``worker``'s checkpoint of ``iteration``. With ``layout`` (the model's
     parameters' names, dtypes and shapes), refuse a checkpoint of another model. Every problem
@@ -216,10 +245,13 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
     if not path.is_file():
         raise CheckpointError(f"no checkpoint of worker {worker} at iteration {iteration}: {path}")
     try:
+        _check_sizes(path)
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError) as exc:
+    except (
+        OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError, MemoryError,
+    ) as exc:  # fmt: skip
         raise CheckpointError(
             f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__})"
         ) from None

@@ -287,3 +287,26 @@ def test_a_resumed_timeline_goes_on_from_the_last_plausible_time(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert _keep_until(path, 3) == 1.25
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:5]
+
+
+def test_an_array_that_declares_more_than_it_holds_is_refused_before_it_is_read(tmp_path):
+    """Fault ``bomb_header``: a parameter whose npy header declares 10**12 elements over 64
+    bytes (numpy allocates what the header says first: 7 TiB, a MemoryError traceback).
+    Skipped by the set search and refused by load with one line, without allocating it."""
+    save_all(tmp_path, range(2), 10)
+    save_all(tmp_path, range(2), 20)
+    path = ck.path_of(tmp_path, 0, 20)
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    head = np.lib.format.header_data_from_array_1_0(np.zeros(3, np.float32))
+    head["shape"] = (10**12,)
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, head)
+    members["param/w.npy"] = buf.getvalue() + bytes(64)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    assert not ck.readable(tmp_path, 0, 20)
+    assert ck.newest_complete(tmp_path, 2) == 10
+    with pytest.raises(CheckpointError, match="unreadable"):
+        ck.load(tmp_path, 0, 20)
