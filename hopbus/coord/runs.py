@@ -120,6 +120,12 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int, url: str | Non
 
     while True:
         worker = int(client.incr(keys.joined)) - 1
+        if worker < 0:  # INCR counts up from 0: something else wrote it
+            raise RunStateError(
+                f"run {keys.run}: its join counter ({keys.joined}) stood below 0, which no "
+                f"hopbus process writes; start this worker with --id, or delete {keys.joined} "
+                "if no worker has joined without one yet"
+            )
         if worker >= workers:
             raise RunStateError(
                 f"run {keys.run} already has its {workers} workers (each id is given once, to "

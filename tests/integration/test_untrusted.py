@@ -7,7 +7,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``escape_in_a_run_id``, ``immortal_heartbeat``, ``per_run_user``, ``code_named_in_redis``,
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
-``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``, ``unmarked_dead``.
+``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
+``unmarked_dead``, ``negative_join_counter``.
 """
 
 from __future__ import annotations
@@ -766,6 +767,22 @@ def test_entries_with_escapes_reach_no_terminal_through_inspect(redis_url, redis
     assert p.returncode == 0, p.stderr
     assert "BLINK" in p.stdout and "PWNED" in p.stdout, p.stdout
     assert not any(c in p.stdout for c in "\x1b\x07\u202e"), repr(p.stdout)
+    assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
+
+
+def test_a_join_counter_below_zero_gives_no_negative_id(redis_url, redis_client):
+    """Fault ``negative_join_counter``: the counter that hands out ids to workers started
+    without --id set to -5. A worker took id -5 from it and was told '--id -5: run has
+    workers 0..1', an --id its user never gave; it is now refused naming the counter."""
+    run = f"negjoin{os.getpid()}"
+    assert hopbus("create", "--run", run, "--redis", redis_url, "-n", "2").returncode == 0
+    keys = RunKeys(run)
+    redis_client.set(keys.joined, -5)
+    p = hopbus("worker", "--run", run, "--redis", redis_url, "--timeout", "5")
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    (line,) = error_lines(p.stderr)
+    assert f"its join counter ({keys.joined}) stood below 0" in line, line
+    assert "--id -" not in line
     assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
 
 
