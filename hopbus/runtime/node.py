@@ -12,6 +12,7 @@ say what to expect on the wire (``_validator``), whom they send to, and how they
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from hopbus.coord.runs import (
 )
 from hopbus.errors import ConfigError, DeclaredDead, RunFailure, RunStopped
 from hopbus.heterogeneity import Heterogeneity
+from hopbus.runtime import env as envvars
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
@@ -392,8 +394,17 @@ class Node:
                 last = again
         raise RunFailure(
             f"{self.who} lost Redis and it did not come back within {self.timeout:g} s "
-            f"({last}); resume from a checkpoint: hopbus train --resume RUN"
+            f"({last}){self._resume_hint()}"
         ) from None
+
+    @staticmethod
+    def _resume_hint() -> str:
+        """How to go on after the run is lost, where there is a way: a run of hopbus train
+        that keeps checkpoints (its launcher names their folder, inside the results folder)."""
+        folder = os.environ.get(envvars.CHECKPOINT_DIR)
+        if not folder:
+            return ""  # no checkpoints (or a script's run): nothing to resume from
+        return f"; resume from its checkpoints: hopbus train --resume {Path(folder).parent}"
 
     def _check_alive(self, peers: Sequence[int], what: str) -> list[int]:
         """Those of ``peers`` that lost their heartbeat, if the node goes on without them

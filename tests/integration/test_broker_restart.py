@@ -91,6 +91,7 @@ def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path, fault):
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"hopbus: error: run {run}")
     assert "lost Redis" in last and "Traceback" not in err
+    assert "--resume" not in err  # no checkpoints: nothing to resume from, none suggested
     assert not processes_mentioning(run)
     # what the progress stream showed before Redis went is kept: metrics and a summary
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
