@@ -361,11 +361,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 DEFAULT_TRAIN_WORKERS = 4  # a real run on one machine: one process per worker
 SGD_FIELDS = ("lr", "momentum", "weight_decay")
+"""The settings of hopbus's SGD, which its numpy models train with (not a Keras model)."""
 OWN_MODEL_FIELDS = ("model", "data", "data_dir", "device", "hidden", "batch_size", *SGD_FIELDS,
                     "eval_every", "checkpoint_every")  # fmt: skip
 """The settings of hopbus's own models and data, which a script's run (hopbus launch) has no
 use for: the script makes its model, data and optimizer itself."""
-"""The settings of hopbus's SGD, which its numpy models train with (not a Keras model)."""
 
 
 class TrainConfig(RunConfig):

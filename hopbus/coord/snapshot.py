@@ -10,6 +10,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+import numpy as np
 import redis
 
 from hopbus.config import TrainConfig
@@ -50,13 +51,18 @@ def live_gaps(
     """The gaps between the workers' counters as Redis holds them now, with Table 1's bounds
     on them, for ``inspect`` and ``top`` alike. Among the live workers only: one declared
     dead stopped where it was and the run goes on without it (docs/faults.md), so no gap
-    with it counts, and the bounds are those of the graph without it (``bounds_without``),
-    as the run's own check holds them. ``over_bound``: neighbour pairs above their bound."""
+    with it counts, and the bounds are those of the graph without it (``bounds_without``,
+    an n x n matrix then; per edge otherwise), as the run's own check holds them.
+    ``over_bound``: neighbour pairs above their bound."""
     from hopbus.protocol.membership import bounds_without
 
     n = topo.n
     live = [None if i in dead else it for i, it in enumerate(iters)]
-    b = bounds_without(topo, setting, dead)
+    matrix = bounds_without(topo, setting, dead) if dead else None
+
+    def limit(a: int, j: int) -> float:
+        return matrix[a, j] if matrix is not None else topo.neighbour_bound(a, j, setting)
+
     largest: int | None = None
     over = 0
     into = out = 0.0  # the largest bound over live in- and out-neighbour pairs
@@ -64,18 +70,23 @@ def live_gaps(
         if a in dead:
             continue
         ins, outs = set(topo.in_peers[a]) - {a}, set(topo.out_peers[a]) - {a}
-        into = max([into, *(b[a, j] for j in ins if j not in dead)])
-        out = max([out, *(b[a, j] for j in outs if j not in dead)])
         for j in ins | outs:
-            ia, ij = live[a], live[j]
-            if ia is None or ij is None:
+            if j in dead:
                 continue
-            largest = ia - ij if largest is None else max(largest, ia - ij)
-            over += int(ia - ij > b[a, j])
+            bound = limit(a, j)
+            into = max(into, bound) if j in ins else into
+            out = max(out, bound) if j in outs else out
+            ia, ij = live[a], live[j]
+            if ia is not None and ij is not None:
+                largest = ia - ij if largest is None else max(largest, ia - ij)
+                over += int(ia - ij > bound)
     known = [it for it in live if it is not None]
-    alive = [i for i in range(n) if i not in dead]
-    pairs = max((b[i, j] for i in alive for j in alive if i != j), default=0.0)
-    bound = table1_columns(into, out, pairs) if dead else topo.table1(setting)
+    if matrix is not None:
+        alive = [i for i in range(n) if i not in dead]
+        pairs = float(matrix[np.ix_(alive, alive)].max()) if len(alive) > 1 else 0.0
+        bound_of = table1_columns(into, out, pairs)
+    else:
+        bound_of = topo.table1(setting)
     return {
         "matrix": [[None if x is None or y is None else x - y for y in live] for x in live]
         if n <= 32
@@ -83,7 +94,7 @@ def live_gaps(
         "max_adjacent": largest,
         "max_any_pair": max(known) - min(known) if known else None,
         "over_bound": over,
-        "bound": bound,
+        "bound": bound_of,
         "dead": sorted(dead),
     }
 
