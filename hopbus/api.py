@@ -400,7 +400,7 @@ class Context:
     def _short(self) -> RunFailure:
         return RunFailure(
             self._short_why
-            or f"worker {self.worker} left the run in iteration {self.iteration} of "
+            or f"worker {self.worker} left the run after iteration {self.iteration} of "
             f"{self.iterations}: its training loop ended before the run's iterations were done"
         )
 

@@ -216,7 +216,7 @@ def test_a_script_that_crashes_is_named_with_its_last_words(redis_url, tmp_path,
 def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_path, script):
     for fault, expected in (
         ("never_joins", "exited 0 without finishing its part of the run"),
-        ("stops_early", "left the run in iteration 10 of 200"),
+        ("stops_early", "left the run after iteration 10 of 200"),
     ):
         out = tmp_path / fault
         p, _, _ = launch(
