@@ -242,7 +242,7 @@ class Worker(Node):
         if not isinstance(req, AcksFrom):
             sent_in = getattr(req, "oldest", req.iteration) + (0 if self._parallel else 1)
         with self.cond:
-            on = () if req.ready(box) else req.missing(box)
+            on = () if req.ready(box) else tuple(live(req.missing(box), self.dead))
             waited = self.wait_for(
                 lambda: req.ready(box),
                 lambda: live(req.missing(box), self.dead),
