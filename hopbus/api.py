@@ -166,6 +166,22 @@ def fit_epochs(samples: int, batch_size: int, validation_split: float, left: int
     return max(1, math.ceil(left / per_epoch))
 
 
+def _rows_in(a: Any) -> int:
+    """How many rows ``a`` has, for ``ctx.shard``; one line for what has none (a scalar, a
+    generator) or whose length is no count of rows (a dict: its keys)."""
+    if isinstance(a, Mapping):
+        raise UserError(
+            "ctx.shard(): a dict has keys, not rows: give its arrays, ctx.shard(*d.values())"
+        )
+    try:
+        return len(a)
+    except TypeError:
+        raise UserError(
+            f"ctx.shard(): a {type(a).__name__} has no rows to split: give arrays of one "
+            "length (numpy arrays, lists, pandas objects)"
+        ) from None
+
+
 def _rows_of(a: Any, rows: Any) -> Any:
     """``a``'s rows ``rows``, in its own kind: numpy arrays (and whatever indexes as they do:
     PyTorch tensors), lists and tuples as lists, pandas objects by position."""
@@ -251,7 +267,7 @@ class Context:
 
         if not arrays:
             raise UserError("ctx.shard(): give it the arrays to split")
-        lengths = {len(a) for a in arrays}
+        lengths = {_rows_in(a) for a in arrays}
         if len(lengths) != 1:
             raise UserError(f"ctx.shard(): the arrays have different lengths {sorted(lengths)}")
         rows = shard_rows(lengths.pop(), self.worker, self.workers, self.seed)

@@ -356,7 +356,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     except RecursionError:  # arrays nested a thousand deep: no setting looks like that
         raise ConfigError(f"config file {str(path)!r} nests too deeply to be settings") from None
-    return {k.replace("-", "_"): v for k, v in data.items()}
+    settings: dict[str, Any] = {}
+    for k, v in data.items():
+        name = k.replace("-", "_")
+        if name in settings:  # max_ig and max-ig: which one was meant?
+            raise ConfigError(f"{path}: {name} is set twice (as {name!r} and {k!r})")
+        settings[name] = v
+    return settings
 
 
 DEFAULT_TRAIN_WORKERS = 4  # a real run on one machine: one process per worker
@@ -447,8 +453,14 @@ class TrainConfig(RunConfig):
         return DEFAULT_TRAIN_WORKERS
 
     def public(self) -> dict[str, Any]:
-        """Every setting a real run uses (the simulator's time model left out)."""
-        return {k: v for k, v in super().public().items() if k not in SIM_ONLY}
+        """Every setting a real run uses: the simulator's time model left out, and in a
+        script's run (hopbus launch) the settings of hopbus's own models, which it has no use
+        for, but its ``model`` and ``data``, which say that it is one (its record in Redis,
+        config.toml, the summary's ``config``)."""
+        from hopbus.models.custom import SCRIPT
+
+        unused = set(OWN_MODEL_FIELDS) - {"model", "data"} if self.model == SCRIPT else set()
+        return {k: v for k, v in super().public().items() if k not in SIM_ONLY and k not in unused}
 
     @field_validator("device")
     @classmethod

@@ -342,10 +342,12 @@ def launch_cmd(**params: Any) -> None:
     from hopbus.runtime.launcher import train
 
     curve_dir = params["curve_dir"]
-    cfg = o.resolve(params["config"], _with_curve(given, curve_dir), TrainConfig)
+    _warn_own_model_settings(params["config"])
+    cfg = o.resolve(
+        params["config"], _with_curve(given, curve_dir), TrainConfig, ignore=OWN_MODEL_FIELDS
+    )
     assert isinstance(cfg, TrainConfig)
     o.warn_unused(cfg, given)
-    _warn_own_model_settings(params["config"])
     with _following(params["as_json"]) as display:
         launcher, outcome = train(
             cfg, run=params["run"], out=params["out"], redis_url=params["redis"],

@@ -7,6 +7,7 @@ or the ``--config`` file's value applies. Each flag can also come from ``HOPBUS_
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -348,15 +349,20 @@ def run_flags(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve(
-    config_file: Path | None, given: dict[str, Any], cls: type[RunConfig] = RunConfig
+    config_file: Path | None,
+    given: dict[str, Any],
+    cls: type[RunConfig] = RunConfig,
+    ignore: Collection[str] = (),
 ) -> RunConfig:
     """Defaults < config file < environment/flags. ``given`` maps field names to flag values,
     None where the flag was not given. A file may hold settings of both ``hopbus sim`` and
-    ``hopbus train`` (train writes its config.toml that way); each takes its own."""
+    ``hopbus train`` (train writes its config.toml that way); each takes its own. ``ignore``:
+    the file's settings the command has no use for (hopbus launch: those of hopbus's own
+    models), dropped unread (the caller says so)."""
     values: dict[str, Any] = {}
     from_file: dict[str, str] = {}
     if config_file is not None:
-        other = TRAIN_ONLY if cls is RunConfig else SIM_ONLY
+        other = {*(TRAIN_ONLY if cls is RunConfig else SIM_ONLY), *ignore}
         values.update({k: v for k, v in load_toml(config_file).items() if k not in other})
         from_file = dict.fromkeys(values, str(config_file))
     shadowed = {k: values[k] for k, v in given.items() if v is not None and k in values}
@@ -408,7 +414,8 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
             stacklevel=2,
         )
     beat, wait = getattr(cfg, "heartbeat", None), getattr(cfg, "timeout", None)
-    if given.get("heartbeat") is not None and beat is not None and wait is not None and beat > wait:
+    chosen = "heartbeat" in cfg.model_fields_set  # by a flag, the environment or a file
+    if chosen and beat is not None and wait is not None and beat > wait:
         warnings.warn(
             f"--heartbeat {beat:g} is longer than --timeout {wait:g}: a worker's heartbeat "
             f"lives {wait:g} s (capped at --timeout), so one silent that long counts as dead",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from itertools import islice
@@ -13,6 +14,7 @@ import redis
 from hopbus.coord.client import redis_flag
 from hopbus.coord.keys import RunKeys, run_of_key
 from hopbus.errors import UserError
+from hopbus.runtime import env
 
 
 class RunStateError(UserError):
@@ -29,9 +31,12 @@ def create_run(
     """Record a new run's configuration; refuses a run id that already has state (``url``:
     the Redis named, for the command the refusal suggests)."""
     if client.exists(keys.meta) or client.exists(keys.progress):
+        exported = os.environ.get(env.RUN, "").strip() == keys.run  # --run's variable
+        said = " (HOPBUS_RUN in your environment names it: unset it, or give --run)"
         raise RunStateError(
-            f"run {keys.run!r} already exists in this Redis: pick another --run, or remove it "
-            f"with: hopbus clean --run {keys.run}{redis_flag(url)}"
+            f"run {keys.run!r} already exists in this Redis: pick another --run"
+            f"{said if exported else ''}, or remove it with: hopbus clean --run "
+            f"{keys.run}{redis_flag(url)}"
         )
     sec, usec = client.time()  # Redis's clock: every reader of the run shares it
     client.hset(

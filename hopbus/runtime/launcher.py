@@ -32,7 +32,7 @@ import numpy as np
 import redis
 
 from hopbus import __version__
-from hopbus.config import OWN_MODEL_FIELDS, SGD_FIELDS, TrainConfig, flag_of, load_toml, make_config
+from hopbus.config import SGD_FIELDS, TrainConfig, flag_of, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
@@ -250,9 +250,8 @@ def write_config_toml(
         if cfg.model == SCRIPT
         else ["# hopbus train settings of this run: hopbus train --config config.toml"]
     )
-    own = set(OWN_MODEL_FIELDS) - {"model", "data"} if cfg.model == SCRIPT else set()
     for k, v in cfg.public().items():
-        if v is None or k in own:  # a script's run: what hopbus's own models would use
+        if v is None:
             continue
         if isinstance(v, bool):
             text = "true" if v else "false"

@@ -56,6 +56,15 @@ def test_compose_style_run_trains_with_joined_ids(broker, tmp_path):
         capture_output=True, text=True, env=_env(), timeout=60, check=False,
     )  # fmt: skip
     assert again.returncode == 2 and "already exists" in again.stderr
+    assert "HOPBUS_RUN" not in again.stderr
+    assert not out.exists()
+    # a HOPBUS_RUN exported for hopbus top or inspect is --run's variable: the refusal says so
+    again = subprocess.run(
+        _hopbus("train", "--redis", url, "--out", str(out)),
+        capture_output=True, text=True, env={**_env(), "HOPBUS_RUN": run}, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert again.returncode == 2 and "HOPBUS_RUN in your environment names it" in again.stderr
     assert not out.exists()
 
     worker = ["worker", "--run", run, "--redis", url, "--bind", "tcp://0.0.0.0:0"]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hopbus.api import _rows_of, fit_epochs
+from hopbus.api import _rows_in, _rows_of, fit_epochs
 from hopbus.errors import UserError
 
 
@@ -38,3 +38,12 @@ def test_rows_of_keep_each_kind():
     assert _rows_of(("a", "b", "c"), rows) == ["c", "a"]
     with pytest.raises(UserError, match="cannot take rows of a dict by position"):
         _rows_of({"a": 1}, rows)
+
+
+def test_what_has_no_rows_is_one_line():
+    assert _rows_in(np.zeros((4, 2))) == 4 and _rows_in([1, 2]) == 2
+    with pytest.raises(UserError, match=r"a dict has keys, not rows"):
+        _rows_in({"a": np.arange(10)})
+    for scalar in (np.float32(3), np.array(5), (i for i in range(3)), 7):
+        with pytest.raises(UserError, match="has no rows to split"):
+            _rows_in(scalar)

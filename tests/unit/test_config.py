@@ -148,6 +148,13 @@ def test_launch_says_it_ignores_a_files_settings_of_hopbus_own_models(tmp_path, 
     path.write_text('model = "softmax"\nlr = 0.5\nworkers = 2\n')
     with pytest.warns(UserWarning, match=r"ignores model \(.*cfg.toml\), lr \(.*cfg.toml\)"):
         _warn_own_model_settings(path)
+    # and ignores them indeed: not in the run's settings (its record, ctx.config, the summary)
+    from hopbus.cli.options import resolve
+    from hopbus.config import OWN_MODEL_FIELDS, TrainConfig
+
+    path.write_text("lr = 0.5\ncheckpoint_every = 10\nbatch_size = 64\nworkers = 2\n")
+    cfg = resolve(path, {}, TrainConfig, ignore=OWN_MODEL_FIELDS)
+    assert (cfg.lr, cfg.checkpoint_every, cfg.batch_size, cfg.workers) == (0.1, 0, 32, 2)
     path.write_text('model = "script"\ndata = "script"\nworkers = 2\n')
     import warnings
 
@@ -167,7 +174,17 @@ def test_a_heartbeat_longer_than_the_timeout_is_said_to_be_capped():
     cfg = make_config({"heartbeat": 100, "timeout": 5}, cls=TrainConfig)
     with pytest.warns(UserWarning, match="--heartbeat 100 is longer than --timeout 5"):
         warn_unused(cfg, {"heartbeat": 100, "timeout": 5})
+    cfg = make_config({"heartbeat": 100, "timeout": 5}, cls=TrainConfig)  # from a file
+    with pytest.warns(UserWarning, match="--heartbeat 100 is longer than --timeout 5"):
+        warn_unused(cfg, {})
     cfg = make_config({"timeout": 2}, cls=TrainConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_unused(cfg, {"timeout": 2})
+
+
+def test_a_setting_spelled_both_ways_in_a_file_is_refused(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text("max_ig = 7\nmax-ig = 8\n")
+    with pytest.raises(ConfigError, match="cfg.toml: max_ig is set twice"):
+        load_toml(path)
