@@ -406,6 +406,9 @@ class Launcher:
         self._added = 0  # the progress stream's entries-added at the last look (_loss_horizon)
         self._silent_at = 0.0  # when _silent looks at the heartbeats next (monotonic)
         self._read_upto = (0, 0)  # the newest progress entry id read before this look
+        # entries up to this id were read before an outage: the counters that vouch for them
+        # were the broker's that went, not those of the one that came back (a stale snapshot)
+        self._read_before_outage = (0, 0)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -929,7 +932,9 @@ class Launcher:
         Advance script moves the counter and writes the entry in one step, so an entry ahead
         of its worker's counter was written by something else. Refused entries are counted in
         the replay's ``rejected``. A counter Redis does not hold (a restart being put back)
-        decides nothing."""
+        decides nothing, nor does any for entries read before an outage: the broker that
+        answers now may be another, restored from a stale snapshot, whose counters stand
+        behind what the one that went had written (refusing those entries made gaps)."""
         workers = sorted({rec["worker"] for _, rec in entries if 0 <= rec["worker"] < self.topo.n})
         if not workers:
             return entries
@@ -940,7 +945,8 @@ class Launcher:
         out = []
         for entry in entries:
             rec = entry[1]
-            counter = read.integer(counters.get(rec["worker"]))
+            earlier = _stream_id(entry[0]) <= self._read_before_outage  # another broker's
+            counter = None if earlier else read.integer(counters.get(rec["worker"]))
             forged = (rec.get("dead") or rec.get("rejoin")) and rec["worker"] not in marked
             if forged or (counter is not None and rec["iter"] > counter):
                 assert self.replay is not None
@@ -1019,6 +1025,8 @@ class Launcher:
                     break
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self.unanswered = None
+                    if pending:  # judged by the counters of the broker they were read from
+                        self._read_before_outage = _stream_id(pending[-1][0])
                     first, too_long = outage.lost(time.monotonic())
                     if too_long:  # it answers, then drops us, again
                         failure = (
