@@ -55,14 +55,19 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
     s = outcome.summary
     err = Console(stderr=True)
     for note in launcher.notes[shown:]:
-        err.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
+        err.print(f"hopbus: {note}", highlight=False, soft_wrap=True, markup=False)
     if as_json:
         _emit_json(s)
     else:
         render.summary(Console(), s)
     logs = launcher.out / "logs"  # none from a watch: the workers' logs stay where they ran
     logs_said = f" (every process's output: {logs})" if outcome.failure and logs.is_dir() else ""
-    err.print(f"hopbus: results in {launcher.out}{logs_said}", highlight=False, soft_wrap=True)
+    err.print(
+        f"hopbus: results in {launcher.out}{logs_said}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
     if outcome.failure:
         raise RunFailure(f"run {launcher.keys.run} failed: {outcome.failure}")
     if s["violations"]:
@@ -72,6 +77,7 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             f"{v['ahead']} {v['gap']} ahead of worker {v['behind']} (bound {v['bound']})",
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
         raise typer.Exit(3)
     checks = s.get("checks") or {}
@@ -82,6 +88,7 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             f"hopbus: warning: dropped on arrival: {', '.join(dropped)}",
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
     if broken:
         queue = s.get("first_token_violation")
@@ -98,6 +105,7 @@ def _report(launcher: Any, outcome: Any, as_json: bool, shown: int = 0) -> None:
             f"docs/summary.md){which}",
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
         raise typer.Exit(3)
 
@@ -253,7 +261,7 @@ def _resume_cmd(
     with _following(as_json) as display:
         launcher, outcome = resume(
             plan, redis_url=redis, on_update=display.update, curve=curve,
-            begins=lambda: err.print(said, highlight=False, soft_wrap=True),
+            begins=lambda: err.print(said, highlight=False, soft_wrap=True, markup=False),
         )  # fmt: skip
     _report(launcher, outcome, as_json, display.shown)
 

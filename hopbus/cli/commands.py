@@ -209,6 +209,6 @@ def sim_cmd(
             f"{v['gap']} ahead of worker {v['behind']} (bound {v['bound']})"
         )
     for p in problems:
-        err.print(f"hopbus: error: {p}", highlight=False, soft_wrap=True)
+        err.print(f"hopbus: error: {p}", highlight=False, soft_wrap=True, markup=False)
     if problems:
         raise typer.Exit(3)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hopbus.cli.commands import _emit_json, app
@@ -127,9 +128,11 @@ def _progress(err: Console) -> tuple[Any, Any, Any]:
         if plain:
             err.print(f"[{i + 1}/{n}] {run['group']} {run['label']}:", end="", highlight=False)
         if run["failure"] is not None:
-            err.print(f" [red]failed[/]: {run['failure']}", highlight=False, soft_wrap=True)
+            failure = escape(str(run["failure"]))  # a worker's line: text, not markup
+            err.print(f" [red]failed[/]: {failure}", highlight=False, soft_wrap=True)
         elif run.get("skipped") is not None:
-            err.print(f" [yellow]skipped[/]: {run['skipped']}", highlight=False, soft_wrap=True)
+            skipped = escape(str(run["skipped"]))
+            err.print(f" [yellow]skipped[/]: {skipped}", highlight=False, soft_wrap=True)
         else:
             mean = run["iter_time_s"]["mean"]
             acc = run["final_accuracy"]
@@ -233,7 +236,7 @@ def experiment_cmd(
         _emit_json(results)
     else:
         _show_table(Console(), results)
-        err.print(f"hopbus: results in {exp.out}", highlight=False, soft_wrap=True)
+        err.print(f"hopbus: results in {exp.out}", highlight=False, soft_wrap=True, markup=False)
     failed = [r for r in results["runs"] if r["failure"] is not None]
     if failed:
         first = failed[0]

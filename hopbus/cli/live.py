@@ -122,9 +122,11 @@ class Display:
             return
         if not self._headed:
             self._headed = True
-            self.console.print(f"hopbus: {head_line(launcher)}", highlight=False, soft_wrap=True)
+            self.console.print(
+                f"hopbus: {head_line(launcher)}", highlight=False, soft_wrap=True, markup=False
+            )
         for note in launcher.notes[self._noted :]:  # as they happen, in logs too
-            self.console.print(f"hopbus: {note}", highlight=False, soft_wrap=True)
+            self.console.print(f"hopbus: {note}", highlight=False, soft_wrap=True, markup=False)
         self._noted = len(launcher.notes)
         rep = launcher.replay
         if now - self._last < PLAIN_EVERY_S or (rep is None and now - self._began < PLAIN_EVERY_S):
@@ -149,4 +151,4 @@ class Display:
         if rep is None:
             quiet = f" ({now - self._began:.0f} s)"
         self._said = (line, since, now)
-        self.console.print(line + quiet, highlight=False, soft_wrap=True)
+        self.console.print(line + quiet, highlight=False, soft_wrap=True, markup=False)

@@ -213,7 +213,9 @@ def plot_cmd(
             "--out) nor an experiment folder (results.json: hopbus experiment --out)"
         )
     written = overview_figure(series, target, title=title)
-    Console(stderr=True).print(f"hopbus: wrote {written}", highlight=False, soft_wrap=True)
+    Console(stderr=True).print(
+        f"hopbus: wrote {written}", highlight=False, soft_wrap=True, markup=False
+    )
 
 
 __all__ = ["plot_cmd"]

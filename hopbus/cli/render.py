@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hopbus.coord.keys import named_keys
@@ -19,6 +20,20 @@ INF = "∞"
 #: Show the W matrix only for graphs this small, every worker's neighbours only up to this many.
 MATRIX_LIMIT = 10
 NEIGHBOUR_LIMIT = 32
+
+
+def _escaped(obj: Any) -> Any:
+    """``obj`` with every string in it (keys too) escaped for rich's markup: what the views
+    below show comes from Redis, a script's error, a user's file, and a '[/x]' in it must
+    print as itself, neither raise MarkupError nor style (or link) the terminal. The views'
+    own styles are written in their f-strings, after this."""
+    if isinstance(obj, str):
+        return escape(obj)
+    if isinstance(obj, dict):
+        return {_escaped(k): _escaped(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_escaped(v) for v in obj)
+    return obj
 
 
 def _bound(v: float | None) -> str:
@@ -35,6 +50,7 @@ def _line(console: Console, text: str) -> None:
 
 
 def topology(console: Console, rep: dict[str, Any]) -> None:
+    rep = _escaped(rep)
     n = rep["workers"]
     _line(
         console,
@@ -131,6 +147,7 @@ def _unused(s: dict[str, Any]) -> str:
 
 
 def summary(console: Console, s: dict[str, Any]) -> None:
+    s = _escaped(s)
     cfg = s["config"]
     it = s["iter_time_s"]
     unit = "virtual s" if s["virtual"] else "s"
@@ -270,6 +287,7 @@ def summary(console: Console, s: dict[str, Any]) -> None:
 
 
 def inspect(console: Console, snap: dict[str, Any]) -> None:
+    snap = _escaped(snap)
     cfg = snap["config"]
     _line(
         console,

@@ -70,12 +70,12 @@ def view(v: TopView) -> Group:
             _num(r.iteration, "d"),
             _num(r.rate, ".1f"),
             _num(r.loss, ".4f"),
-            r.device or "-",
+            Text(r.device or "-"),  # Redis's text: shown as it is, never read as markup
             ",".join(map(str, r.waits_on)) or "-",
             _num(r.waits_s, ".1f"),
             _tokens(r),
             str(r.jumps),
-            r.heartbeat,
+            Text(r.heartbeat),
         )
     return Group(head, gap, table)
 

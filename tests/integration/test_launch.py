@@ -70,7 +70,8 @@ with hopbus.join() as ctx:
     while not ctx.done:
         p = ctx.begin()
         if fault == "crash_at" and me == who and ctx.iteration >= 20:
-            raise ZeroDivisionError("worker %d gave up" % me)
+            # brackets as a path or an index holds them: text to every printer, not markup
+            raise ZeroDivisionError("worker %d gave up on [/data/shard-%d]" % (me, me))
         if fault == "stops_early" and me == who and ctx.iteration >= 10:
             break  # leaving the with block early: the run hears why
         if fault == "slow_step" and me == who and ctx.iteration == 10:
@@ -191,7 +192,7 @@ def test_a_script_that_crashes_is_named_with_its_last_words(redis_url, tmp_path,
         redis_url, tmp_path / "run", "-n", "4", "--mode", mode, "--iterations", "200",
         command=[sys.executable, str(script), "crash_at", "2"],
     )  # fmt: skip
-    tail = "ZeroDivisionError: worker 2 gave up (loop.py, line"
+    tail = "ZeroDivisionError: worker 2 gave up on [/data/shard-2] (loop.py, line"
     if mode == "standard":  # it cannot go on without worker 2
         assert p.returncode == 1, p.stderr
         (line,) = error_lines(p.stderr)

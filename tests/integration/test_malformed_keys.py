@@ -43,6 +43,8 @@ garbage = st.one_of(
                      b'{"iterations": "x"}', b"null", b"\xff\xfe", b"0" * 300,
                      # digits Python's int() reads (or raises on) and Redis's Lua does not
                      "²".encode(), "１".encode(), "٣".encode(),
+                     # rich's markup: a closing tag of nothing raised, a link linked
+                     b"[/x]", b"[link=https://evil.example/x][blink]gpu[/][/link]",
                      b'{"iterations": 30, "messages": 1' + b"0" * 400 + b"}"]),
     st.integers(-(2**70), 2**70).map(lambda i: str(i).encode()),
 )  # fmt: skip

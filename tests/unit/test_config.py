@@ -186,5 +186,5 @@ def test_a_heartbeat_longer_than_the_timeout_is_said_to_be_capped():
 def test_a_setting_spelled_both_ways_in_a_file_is_refused(tmp_path):
     path = tmp_path / "cfg.toml"
     path.write_text("max_ig = 7\nmax-ig = 8\n")
-    with pytest.raises(ConfigError, match="cfg.toml: max_ig is set twice"):
+    with pytest.raises(ConfigError, match=r"cfg\.toml: max_ig is set twice"):
         load_toml(path)

@@ -86,3 +86,24 @@ def test_the_summary_table_shows_a_final_loss_without_an_accuracy():
     text = console.export_text()
     said = "final accuracy 0.9600, loss 0.1200 (mean over workers, as the scripts reported them)"
     assert said in text, text
+
+
+def test_text_from_redis_is_shown_as_itself_never_as_markup():
+    """Fault ``markup_in_a_value``: a stats key ``dropped_[/x]`` (a closing tag of nothing:
+    rich raised MarkupError), a device and an event holding a link and a blink: each shows
+    as the text it is, and nothing styles or links the terminal."""
+    from rich.console import Console
+
+    from hopbus.cli import render
+    from hopbus.config import RunConfig, make_config
+    from hopbus.sim.run import simulate
+
+    cfg = make_config({"workers": 4, "iterations": 20}, cls=RunConfig)
+    _, _, s = simulate(cfg)
+    s["virtual"] = False
+    s["dropped_frames"] = {"[/x]": 1, "[link=https://evil.example/x]y[/link]": 2}
+    console = Console(record=True, width=300, force_terminal=True)
+    render.summary(console, s)
+    text = console.export_text(clear=False)
+    assert "[/x] 1" in text and "[link=https://evil.example/x]y[/link] 2" in text, text
+    assert "\x1b]8;" not in console.export_text(styles=True)  # no hyperlink (OSC 8) made
