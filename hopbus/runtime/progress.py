@@ -116,12 +116,21 @@ def read_all(client: redis.Redis, key: str, *, events: bool = False) -> list[Ent
     return out
 
 
+START_SKEW_S = 600.0
+"""How far a ``start`` event's own time may lie from the time Redis gave its entry id: a
+worker's clock off by minutes is a host's; a start years away (``XADD ... 1-1 ... t 9e9``)
+was written by something else, and taken as time zero it made every entry 'before the
+start', refused, and the run judged by nothing."""
+
+
 def first_start(client: redis.Redis, keys: RunKeys) -> float | None:
-    """Wall time of the run's first ``start`` event: time zero of its progress."""
-    for _, fields in client.xrange(keys.events, count=10_000):
+    """Wall time of the run's first ``start`` event: time zero of its progress (one whose
+    time disagrees with its entry's by more than ``START_SKEW_S`` is passed over)."""
+    for raw_id, fields in client.xrange(keys.events, count=10_000):
         if fields.get(b"kind") == b"start":
             t = read.finite_number(fields.get(b"t"))
-            if t is not None:
+            ms = read.integer((read.text(raw_id, 60) or "").partition("-")[0])
+            if t is not None and ms is not None and abs(t - ms / 1000) <= START_SKEW_S:
                 return t
     return None
 

@@ -8,7 +8,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
-``unmarked_dead``, ``negative_join_counter``.
+``unmarked_dead``, ``negative_join_counter``, ``forged_start``.
 """
 
 from __future__ import annotations
@@ -275,6 +275,34 @@ def test_digits_of_other_scripts_are_no_numbers_to_any_reader(redis_url, redis_c
         p = hopbus(*args, "--run", run, "--redis", redis_url)
         assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr)
     assert not redis_client.exists(keys.meta)  # clean --force took it
+
+
+def test_a_start_event_from_far_away_sets_no_time_zero(redis_url, redis_client, tmp_path):
+    """Fault ``forged_start``: a ``start`` event written first, under the stream's smallest id,
+    claiming a time in 2255. Taken as time zero it made every progress entry 'before the
+    start': all 120 refused, no gap judged, a finished run of 'iterations max 0'. It is passed
+    over: the watch replays every entry."""
+    run = f"farstart{os.getpid()}"
+    flags = ["-n", "2", "--topology", "ring", "--iterations", "60", "--iter-time", "0.01"]
+    created = hopbus("create", "--run", run, *flags, "--eval-every", "0", "--redis", redis_url)
+    assert created.returncode == 0, created.stderr
+    keys = RunKeys(run)
+    redis_client.xadd(keys.events, {"kind": "start", "worker": 0, "t": 9e9}, id="1-1")
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    workers = [
+        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   "--json", timeout=120)  # fmt: skip
+    for w in workers:
+        w.communicate(timeout=60)
+    assert watch.returncode == 0, watch.stderr
+    s = json.loads(watch.stdout)
+    assert s["finished"] and s["iterations"]["max"] == 60 and s["violations"] == 0, s
+    assert s["refused"]["progress_entries"] == 0 and s["wall_s"] > 0
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
 
 
 def test_a_forged_floor_holds_back_no_update(redis_url, redis_client, tmp_path):
