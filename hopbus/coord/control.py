@@ -151,18 +151,19 @@ return {1, id, floors, dead, joining, incs}
 # knows the process is gone, e.g. the launcher saw it exit) or it has ``finished``, or it has
 # no iteration counter (never started, or a restarted Redis lost it: not known dead).
 # Without ``force``, a worker whose state is not known to be in this broker (its mark is
-# another broker's: Redis restarted, and it has not put its state back yet) is not judged.
+# another broker's: Redis restarted, and it has not put its state back yet; or none) is not
+# judged: 2.
 # KEYS: 1 its heartbeat, 2 dead set, 3 events, 4 progress, 5 its iteration, 6 results,
 #       7 incarnation hash, 8 the broker marks
 # ARGV: 1 worker, 2 who declares, 3 time, 4 force, 5 events maxlen, 6 progress maxlen,
 #       7 the run's iterations, 8 the broker's run id as the caller knows it
-# Returns 1 if it is (now or already) dead, 0 if it is alive or finished.
+# Returns 1 if it is (now or already) dead, 0 if it is alive or finished, 2 if not judged.
 _DECLARE_DEAD = (
     _FINISHED
     + """
 if redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 if ARGV[4] ~= '1' and redis.call('PTTL', KEYS[1]) > 0 then return 0 end
-if ARGV[4] ~= '1' and redis.call('HGET', KEYS[8], ARGV[1]) ~= ARGV[8] then return 0 end
+if ARGV[4] ~= '1' and redis.call('HGET', KEYS[8], ARGV[1]) ~= ARGV[8] then return 2 end
 if finished(KEYS[1], KEYS[6], KEYS[7], KEYS[5], ARGV[1], ARGV[7]) then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[1])
@@ -445,6 +446,7 @@ class RunControl:
         # the broker instance this process's view of the run is of (broker_id): it marks the
         # worker's state with it, and trusts others' only under the same mark
         self.epoch = ""
+        self.unjudged = False  # the last declare_dead judged nothing (see there)
         self._advance = PinnedScript(client, Lua(client, _ADVANCE))  # every iteration
         self._start = Lua(client, _START)
         self._declare_dead = Lua(client, _DECLARE_DEAD)
@@ -645,9 +647,11 @@ class RunControl:
     def declare_dead(self, worker: int, *, force: bool = False) -> bool:
         """Put ``worker`` in the run's dead set (once: a crash event and a progress entry
         ``dead=1`` mark the moment), unless its heartbeat is there (``force``: the caller saw
-        the process end) or it finished. Returns whether it is dead."""
+        the process end) or it finished. Returns whether it is dead; ``unjudged`` then says
+        whether it was not judged at all, its state not known to be in this broker (its mark
+        in ``keys.marks`` another's, or none)."""
         k = self.keys
-        return bool(
+        said = int(
             self._declare_dead(
                 keys=[
                     k.hb(worker), k.dead, k.events, k.progress, k.iter(worker), k.result,
@@ -659,6 +663,8 @@ class RunControl:
                 ],
             )
         )  # fmt: skip
+        self.unjudged = said == 2
+        return said == 1
 
     def restore(
         self,

@@ -384,9 +384,18 @@ class Worker(Node):
         otherwise stop the whole run, naming them. Right after a restarted Redis, a peer that
         has not put its state back yet is not dead: wait for it (up to --timeout). (Whether
         Redis lost this worker's own counter was checked just before, by _check_threads.)"""
-        declared = [j for j in dead if self.control.declare_dead(j)]
+        declared, unjudged = [], []
+        for j in dead:
+            if self.control.declare_dead(j):
+                declared.append(j)
+            elif self.control.unjudged:
+                unjudged.append(j)
         if not declared and time.monotonic() < self._grace_until:
             return False
+        # past any grace, a peer whose state this broker never got back (not restored after a
+        # restart, or its mark rewritten by something else) is judged by its heartbeat alone,
+        # gone a whole renewal period by now: it was otherwise waited on forever
+        declared += [j for j in unjudged if self.control.declare_dead(j, force=True)]
         self._set_dead(self.control.dead(), self.joining)
         reason = survivable(self.spec.settings, self.topo, self.dead)
         if reason is None:

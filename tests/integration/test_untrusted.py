@@ -8,11 +8,12 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
-``unmarked_dead``, ``negative_join_counter``, ``forged_start``.
+``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -303,6 +304,34 @@ def test_a_start_event_from_far_away_sets_no_time_zero(redis_url, redis_client, 
     assert s["finished"] and s["iterations"]["max"] == 60 and s["violations"] == 0, s
     assert s["refused"]["progress_entries"] == 0 and s["wall_s"] > 0
     assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
+
+
+def test_a_peer_whose_broker_mark_is_gone_is_still_judged_by_its_heartbeat(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``lost_mark``: worker 3's entry in the broker marks deleted (its state then reads
+    as not put back into this Redis, as after a restart), then worker 3 frozen. Redis would
+    not judge it, and its neighbours waited on it forever, saying nothing; past any grace
+    they judge it by its heartbeat, and the backup run goes on without it."""
+    flags = ["-n", "4", "--mode", "backup", "--iterations", "300", "--iter-time", "0.02",
+             "--heartbeat", "2", "--timeout", "8", "--eval-every", "0"]  # fmt: skip
+    proc, run, keys = _start(redis_url, tmp_path, *flags)
+    wait_iteration(redis_client, keys, 3, 40)
+    redis_client.hdel(keys.marks, "3")
+    (pid,) = processes_mentioning(f"--run {run} --id 3")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:  # it hung, as it did: its workers go with it
+            proc.kill()
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [3], s["lost_workers"]
+    assert s["violations"] == 0
+    assert not processes_mentioning(run)
 
 
 def test_a_forged_floor_holds_back_no_update(redis_url, redis_client, tmp_path):
