@@ -339,5 +339,8 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
     if snap["events"]:
         _line(console, "events, latest first:")
         for e in snap["events"]:
-            extra = {k: v for k, v in e.items() if k not in ("id", "kind", "worker", "t")}
-            _line(console, f"  {e['id']}  {e.get('kind')} worker {e.get('worker')} {extra or ''}")
+            # key=value, not a dict's repr: repr would double the escapes of the values' markup
+            extra = " ".join(
+                f"{k}={v}" for k, v in e.items() if k not in ("id", "kind", "worker", "t")
+            )
+            _line(console, f"  {e['id']}  {e.get('kind')} worker {e.get('worker')} {extra}")

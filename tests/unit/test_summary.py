@@ -107,3 +107,26 @@ def test_text_from_redis_is_shown_as_itself_never_as_markup():
     text = console.export_text(clear=False)
     assert "[/x] 1" in text and "[link=https://evil.example/x]y[/link] 2" in text, text
     assert "\x1b]8;" not in console.export_text(styles=True)  # no hyperlink (OSC 8) made
+
+
+def test_inspect_shows_an_events_markup_as_text():
+    """The same for inspect's events, whose extra fields it lists (a dict's repr of them
+    doubled their escapes: '[/x]' raised MarkupError again, as the property test found)."""
+    from rich.console import Console
+
+    from hopbus.cli import render
+
+    snap = {
+        "run": "r", "status": "running", "workers": [], "token_queues": [], "misplaced": [],
+        "config": {"topology": "ring", "mode": "standard", "iterations": 5, "max_ig": 5,
+                   "backup": 1, "staleness": 0, "skip_max": 0, "approach": "parallel"},
+        "gaps": {"max_adjacent": None, "max_any_pair": None, "dead": [],
+                 "bound": {"adjacent": 1, "any_pair": 1}},
+        "progress_entries": 1,
+        "progress": [{"id": "1-0", "worker": "0", "iter": "1", "blocked_on": "[/x]"}],
+        "events": [{"id": "2-0", "kind": "error", "worker": "0", "message": "[/x] [link=y]z"}],
+    }  # fmt: skip
+    console = Console(record=True, width=300)
+    render.inspect(console, snap)
+    text = console.export_text()
+    assert "message=[/x] [link=y]z" in text and "on [/x]" in text, text
