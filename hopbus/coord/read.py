@@ -88,6 +88,13 @@ def integer(value: Any, lo: int = 0, hi: int = MAX_INT) -> int | None:
     return n if lo <= n <= hi else None
 
 
+def stream_id(value: Any) -> tuple[int, int]:
+    """A stream entry id (``ms-seq``) as a pair to compare, (0, 0) for anything else."""
+    ms, _, seq = (text(value, 60) or "").partition("-")
+    a, b = integer(ms), integer(seq or "0")
+    return (a, b) if a is not None and b is not None else (0, 0)
+
+
 def incarnation_of(value: Any) -> int:
     """A worker's entry in the incarnation hash: the replacement's number, or 0 (the process
     that started with the run) for none, or for one no replacement wrote (forged, garbled):
@@ -216,5 +223,6 @@ __all__ = [
     "json_object",
     "number",
     "result",
+    "stream_id",
     "text",
 ]

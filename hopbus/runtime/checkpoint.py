@@ -173,7 +173,7 @@ def readable(folder: Path, worker: int, iteration: int) -> bool:
             if zf.testzip() is not None:
                 return False
             meta = _read_meta(zf)
-        _check_sizes(path)
+            _check_sizes(zf)
     except (OSError, ValueError, KeyError, RecursionError, zipfile.BadZipFile, EOFError):
         return False
     return meta.get("worker") == worker and meta.get("iteration") == iteration
@@ -215,26 +215,26 @@ DEFLATE_RATIO = 1100
 no zip hopbus or numpy wrote."""
 
 
-def _check_sizes(path: Path) -> None:
+_NPY_HEADERS = {  # the two npy versions numpy.savez writes
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _check_sizes(z: zipfile.ZipFile) -> None:
     """Every array of the file holds the bytes its header declares, before any is read: numpy
     allocates what the header says first, so a header that declares 10**12 elements (in a
     64-byte member) would ask for terabytes. Raises ValueError for one that does not."""
-    with zipfile.ZipFile(path) as z:
-        for info in z.infolist():
-            if info.file_size > max(info.compress_size, 1) * DEFLATE_RATIO:
-                raise ValueError(f"{info.filename}: declares more than it can unpack to")
-            with z.open(info) as fh:
-                version = np.lib.format.read_magic(fh)
-                headers = {
-                    (1, 0): np.lib.format.read_array_header_1_0,
-                    (2, 0): np.lib.format.read_array_header_2_0,
-                }
-                if version not in headers:  # numpy.savez writes these two
-                    raise ValueError(f"{info.filename}: npy format {version}")
-                shape, _, dtype = headers[version](fh, max_header_size=10_000)
-                need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-                if need > info.file_size:
-                    raise ValueError(f"{info.filename}: its header declares more than it holds")
+    for info in z.infolist():
+        if info.file_size > max(info.compress_size, 1) * DEFLATE_RATIO:
+            raise ValueError(f"{info.filename}: declares more than it can unpack to")
+        with z.open(info) as fh:
+            version = np.lib.format.read_magic(fh)
+            if version not in _NPY_HEADERS:
+                raise ValueError(f"{info.filename}: npy format {version}")
+            shape, _, dtype = _NPY_HEADERS[version](fh, max_header_size=10_000)
+        if int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+            raise ValueError(f"{info.filename}: its header declares more than it holds")
 
 
 def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None) -> Checkpoint:
@@ -245,7 +245,8 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
     if not path.is_file():
         raise CheckpointError(f"no checkpoint of worker {worker} at iteration {iteration}: {path}")
     try:
-        _check_sizes(path)
+        with zipfile.ZipFile(path) as z:
+            _check_sizes(z)
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))

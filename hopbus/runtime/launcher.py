@@ -329,14 +329,6 @@ def _why(p: Proc, code: int | None) -> str:
     return _named(p.name, line)
 
 
-def _stream_id(value: Any) -> tuple[int, int]:
-    """A stream entry id (``ms-seq``) as a pair to compare, (0, 0) for anything else."""
-    text = read.text(value, 60) or ""
-    ms, _, seq = text.partition("-")
-    a, b = read.integer(ms), read.integer(seq or "0")
-    return (a, b) if a is not None and b is not None else (0, 0)
-
-
 def _named(name: str, line: str) -> str:
     """``line`` said of node ``name``: as it is if it names it first (``worker 0 waited ...``),
     else after its name (a line of hopbus's API in a script, which names no worker)."""
@@ -887,7 +879,7 @@ class Launcher:
         credible = self._credible(parsed)
         with interrupts.deferred():  # what the replay holds, metrics.jsonl holds
             for entry_id, rec in credible:
-                at = _stream_id(entry_id)
+                at = read.stream_id(entry_id)
                 fed = self.replay.feed(rec, lost_before=at <= self._horizon)
                 if fed is not None:
                     self._last_fed[rec["worker"]] = at
@@ -895,7 +887,7 @@ class Launcher:
                         fed["t"] = round(fed["t"] + self.t_offset, 6)
                     metrics.write(dumps(fed) + "\n")
         if entries:
-            self._read_upto = max(self._read_upto, _stream_id(entries[-1][0]))
+            self._read_upto = max(self._read_upto, read.stream_id(entries[-1][0]))
         return True
 
     def _loss_horizon(self) -> tuple[int, int]:
@@ -911,9 +903,9 @@ class Launcher:
             info = self.r.xinfo_stream(self.keys.progress)
         except redis.ResponseError:  # no stream, or another type: the reads say so
             return (0, 0)
-        deleted = _stream_id(info.get("max-deleted-entry-id"))
+        deleted = read.stream_id(info.get("max-deleted-entry-id"))
         first = info.get("first-entry")
-        first_id = _stream_id(first[0]) if isinstance(first, list | tuple) and first else (0, 0)
+        first_id = read.stream_id(first[0]) if isinstance(first, list | tuple) and first else (0, 0)
         trimmed = (first_id[0], first_id[1] - 1) if first_id[1] else (first_id[0] - 1, 2**63)
         added = read.integer(info.get("entries-added"))
         length = read.integer(info.get("length"))
@@ -945,7 +937,7 @@ class Launcher:
         out = []
         for entry in entries:
             rec = entry[1]
-            earlier = _stream_id(entry[0]) <= self._read_before_outage  # another broker's
+            earlier = read.stream_id(entry[0]) <= self._read_before_outage  # another broker's
             counter = None if earlier else read.integer(counters.get(rec["worker"]))
             forged = (rec.get("dead") or rec.get("rejoin")) and rec["worker"] not in marked
             if forged or (counter is not None and rec["iter"] > counter):
@@ -1026,7 +1018,7 @@ class Launcher:
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self.unanswered = None
                     if pending:  # judged by the counters of the broker they were read from
-                        self._read_before_outage = _stream_id(pending[-1][0])
+                        self._read_before_outage = read.stream_id(pending[-1][0])
                     first, too_long = outage.lost(time.monotonic())
                     if too_long:  # it answers, then drops us, again
                         failure = (

@@ -129,8 +129,8 @@ def first_start(client: redis.Redis, keys: RunKeys) -> float | None:
     for raw_id, fields in client.xrange(keys.events, count=10_000):
         if fields.get(b"kind") == b"start":
             t = read.finite_number(fields.get(b"t"))
-            ms = read.integer((read.text(raw_id, 60) or "").partition("-")[0])
-            if t is not None and ms is not None and abs(t - ms / 1000) <= START_SKEW_S:
+            ms = read.stream_id(raw_id)[0]
+            if t is not None and ms and abs(t - ms / 1000) <= START_SKEW_S:
                 return t
     return None
 

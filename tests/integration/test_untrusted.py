@@ -184,11 +184,16 @@ def _two_workers(redis_url: str, run: str, *flags: str) -> list[subprocess.Popen
     created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--eval-every",
                      "0", *flags, "--redis", redis_url)  # fmt: skip
     assert created.returncode == 0, created.stderr
+    return _workers(redis_url, run, 2)
+
+
+def _workers(redis_url: str, run: str, n: int) -> list[subprocess.Popen]:
+    """One ``hopbus worker`` process for each of a created run's ``n`` ids."""
     env = clean_env(HOPBUS_REDIS=redis_url)
     return [
         subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
+        for i in range(n)
     ]  # fmt: skip
 
 
@@ -289,12 +294,7 @@ def test_a_start_event_from_far_away_sets_no_time_zero(redis_url, redis_client, 
     assert created.returncode == 0, created.stderr
     keys = RunKeys(run)
     redis_client.xadd(keys.events, {"kind": "start", "worker": 0, "t": 9e9}, id="1-1")
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]  # fmt: skip
+    workers = _workers(redis_url, run, 2)
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
                    "--json", timeout=120)  # fmt: skip
     for w in workers:
@@ -540,18 +540,14 @@ def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, t
     run = f"stray{os.getpid()}"
     assert hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
                   "700", "--eval-every", "0", "--redis", redis_url).returncode == 0  # fmt: skip
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i)), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]  # fmt: skip
+    workers = _workers(redis_url, run, 2)
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(run)
     wait_iteration(client, keys, 0, 10)
     for _ in range(2):  # while it runs, and once it finished
         for stray in ("7", "0"):
-            p = subprocess.run(hopbus_args("worker", "--run", run, "--id", stray), env=env,
+            p = subprocess.run(hopbus_args("worker", "--run", run, "--id", stray),
+                               env=clean_env(HOPBUS_REDIS=redis_url),
                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
             assert p.returncode == 2, p.stderr
             assert len(error_lines(p.stderr)) == 1
