@@ -35,7 +35,7 @@ from hopbus import __version__
 from hopbus.config import SGD_FIELDS, TrainConfig, flag_of, load_toml, make_config
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
-from hopbus.coord.client import attempts, check_url, connect, quick, redact, scrub
+from hopbus.coord.client import attempts, check_url, connect, quick, redact, redis_flag, scrub
 from hopbus.coord.control import RunControl, broker_id, taken
 from hopbus.coord.keys import (
     ANOTHER_TYPE,
@@ -377,6 +377,7 @@ class Launcher:
         self.rejoined: set[int] = set()  # lost workers a replacement took the place of
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
+        self.uncounted: set[int] = set()  # said it finished, with a report that does not count
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.stopped_summary: dict[str, Any] | None = None  # a run stopped by Ctrl-C: so far
         self._stop_by: float | None = None  # when its processes' grace ends, once stopping
@@ -675,7 +676,7 @@ class Launcher:
             whose = "'s replacement" if i in self.rejoined else ""
             still = "" if whose else " (its process is still there: frozen, or cut off)"
             told = f": {said[i][1]}" if i in said else still  # why, if it said (ctx.close)
-            why = f"{self._name(i)}{whose}: heartbeat gone without a result{told}"
+            why = f"{self._name(i)}{whose}: {self._silence(i)}{told}"
             failure = failure or self._lose(i, why, gone=False)
         return failure
 
@@ -793,16 +794,31 @@ class Launcher:
         """Those of ``nodes`` seen without a heartbeat and without a result at every look for
         a whole renewal period (--heartbeat / 3) and at two looks at least: a live node puts
         its heartbeat back within one period, whether a restarted Redis lost it or something
-        deleted it."""
+        deleted it. ``finished``: the nodes whose final report counts; one whose heartbeat
+        says it finished, but whose report does not count, is as silent as one without a
+        heartbeat (it is in ``self.uncounted``): its report disagrees with the run's recorded
+        settings or its counter, and it will write no other."""
         from hopbus.coord.control import heartbeats
 
         now = time.monotonic()
         beats = heartbeats(self.r, self.keys, sorted(nodes - finished))
-        gone = {i for i, beat in beats.items() if read.gone(*beat)}
+        gone = {i for i, beat in beats.items() if not read.beating(*beat)}
+        self.uncounted = {i for i in gone if not read.gone(*beats[i])}
         seen = {i: self._missing.get(i) for i in gone}
         self._missing = {i: now if t is None else t for i, t in seen.items()}
         period = self.cfg.heartbeat / 3 + margin
         return sorted(i for i, t in seen.items() if t is not None and now - t >= period)
+
+    def _silence(self, i: int) -> str:
+        """What ``_lapsed`` found of node ``i``, in words for its loss."""
+        if i not in self.uncounted:
+            return "heartbeat gone without a result"
+        return (
+            "it says it finished, but its final report does not count (it disagrees with the "
+            "run's recorded iterations, its counter or its incarnation: were the run's keys "
+            f"rewritten? hopbus inspect --run {self.keys.run}{redis_flag(self.redis_url)} shows "
+            "them)"
+        )
 
     def _sync_membership(self) -> str | None:
         """Follow the run's dead set and incarnations: a worker that entered the dead set died
@@ -1493,7 +1509,7 @@ class Watcher(Launcher):
             return False, read.stop_reason(stop)
         registered = read.ids(self.r.hkeys(self.keys.addr), n + 1)
         for i in self._lapsed((registered | set(self._said)) - set(self.lost), done):
-            why = self._said.get(i) or f"{self._name(i)}: heartbeat gone without a result"
+            why = self._said.get(i) or f"{self._name(i)}: {self._silence(i)}"
             failure = self._lose(i, why, gone=False)
             if failure is not None:
                 return False, failure

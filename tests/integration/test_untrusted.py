@@ -8,7 +8,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
-``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``.
+``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``.
 """
 
 from __future__ import annotations
@@ -566,6 +566,29 @@ def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, t
     assert s["finished"] and s["iterations"]["min"] == 700
     assert (tmp_path / "w" / "metrics.jsonl").read_text().count("\n") == 2 * 700  # > 1,000
     assert client.hget(keys.meta, "status") == b"finished"
+
+
+def test_a_run_whose_recorded_iterations_were_rewritten_is_no_endless_watch(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``rewritten_config``: the run's recorded config says ten times the iterations its
+    workers ran (rewritten after they started). Their reports then count for nothing, and
+    a watch that waited for ones that do would wait forever: it fails, saying so."""
+    run = f"rewrite{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--iterations", "40", "--eval-every", "0",
+                  "--heartbeat", "1.5", "--redis", redis_url).returncode == 0  # fmt: skip
+    keys = RunKeys(run)
+    workers = _workers(redis_url, run, 2)
+    for w in workers:
+        w.communicate(timeout=120)
+    assert all(w.returncode == 0 for w in workers)
+    cfg = json.loads(redis_client.hget(keys.meta, "config"))
+    redis_client.hset(keys.meta, "config", json.dumps({**cfg, "iterations": 400}))
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   timeout=60)  # fmt: skip
+    assert watch.returncode == 1, watch.stderr
+    (line,) = error_lines(watch.stderr)
+    assert "says it finished, but its final report does not count" in line
 
 
 def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, tmp_path):
