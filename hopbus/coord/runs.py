@@ -124,12 +124,15 @@ def join_worker(client: redis.Redis, keys: RunKeys, workers: int, url: str | Non
     from hopbus.coord.control import taken
 
     while True:
-        worker = int(client.incr(keys.joined)) - 1
-        if worker < 0:  # INCR counts up from 0: something else wrote it
+        try:
+            worker = int(client.incr(keys.joined)) - 1
+        except redis.ResponseError:  # not an integer, or not a string: something else wrote it
+            worker = -1
+        if worker < 0:  # INCR counts up from 0
             raise RunStateError(
-                f"run {keys.run}: its join counter ({keys.joined}) stood below 0, which no "
-                f"hopbus process writes; start this worker with --id, or delete {keys.joined} "
-                "if no worker has joined without one yet"
+                f"run {keys.run}: its join counter ({keys.joined}) holds what no hopbus "
+                f"process writes (not a count from 0); start this worker with --id, or delete "
+                f"{keys.joined} if no worker has joined without one yet"
             )
         if worker >= workers:
             raise RunStateError(

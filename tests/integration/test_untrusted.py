@@ -849,16 +849,22 @@ def test_entries_with_escapes_reach_no_terminal_through_inspect(redis_url, redis
 def test_a_join_counter_below_zero_gives_no_negative_id(redis_url, redis_client):
     """Fault ``negative_join_counter``: the counter that hands out ids to workers started
     without --id set to -5. A worker took id -5 from it and was told '--id -5: run has
-    workers 0..1', an --id its user never gave; it is now refused naming the counter."""
+    workers 0..1', an --id its user never gave; it is now refused naming the counter, as it
+    is when the counter holds no integer or is no string at all."""
     run = f"negjoin{os.getpid()}"
     assert hopbus("create", "--run", run, "--redis", redis_url, "-n", "2").returncode == 0
     keys = RunKeys(run)
-    redis_client.set(keys.joined, -5)
-    p = hopbus("worker", "--run", run, "--redis", redis_url, "--timeout", "5")
-    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
-    (line,) = error_lines(p.stderr)
-    assert f"its join counter ({keys.joined}) stood below 0" in line, line
-    assert "--id -" not in line
+    for value in (-5, "abc", {1}):
+        redis_client.delete(keys.joined)
+        if isinstance(value, set):
+            redis_client.sadd(keys.joined, *value)
+        else:
+            redis_client.set(keys.joined, value)
+        p = hopbus("worker", "--run", run, "--redis", redis_url, "--timeout", "5")
+        assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+        (line,) = error_lines(p.stderr)
+        assert f"its join counter ({keys.joined}) holds what no hopbus process writes" in line
+        assert "--id -" not in line
     assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
 
 
