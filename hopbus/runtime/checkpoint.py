@@ -243,7 +243,11 @@ def load(folder: Path, worker: int, iteration: int, layout: Layout | None = None
     is one CheckpointError line naming the file."""
     path = path_of(folder, worker, iteration)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint of worker {worker} at iteration {iteration}: {path}")
+        raise CheckpointError(
+            f"{path} is {_what(path)}, not a checkpoint file: move it away"
+            if path.exists() or path.is_symlink()
+            else f"no checkpoint of worker {worker} at iteration {iteration}: {path}"
+        )
     try:
         with zipfile.ZipFile(path) as z:
             _check_sizes(z)
@@ -343,10 +347,31 @@ def prune(folder: Path, worker: int, keep: int | None) -> list[Path]:
     return gone
 
 
+def _what(path: Path) -> str:
+    """What stands at ``path`` where a checkpoint file should, in words."""
+    if path.is_symlink():
+        return "a symbolic link"
+    return "a directory" if path.is_dir() else "not a regular file"
+
+
+def newer_than(folder: Path, workers: Sequence[int], iteration: int) -> list[Path]:
+    """The checkpoints of ``workers`` newer than ``iteration`` (what ``discard_after`` takes);
+    a CheckpointError, before any is removed, if one of them is a directory named like one:
+    a resume cannot take it away, and a worker could not write its checkpoint there."""
+    found = [path_of(folder, w, k) for w in workers for k in iterations(folder, w) if k > iteration]
+    for path in found:
+        if path.is_dir() and not path.is_symlink():  # unlink takes anything else
+            raise CheckpointError(
+                f"{path} is {_what(path)}, named like a checkpoint newer than iteration "
+                f"{iteration}, which a resume from there removes: move it away"
+            )
+    return found
+
+
 def discard_after(folder: Path, workers: Sequence[int], iteration: int) -> list[Path]:
     """Remove the checkpoints newer than ``iteration``: after a resume from ``iteration`` they
     belong to the abandoned timeline and must never join a set with the new one's."""
-    gone = [path_of(folder, w, k) for w in workers for k in iterations(folder, w) if k > iteration]
+    gone = newer_than(folder, workers, iteration)
     for path in gone:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -368,6 +393,7 @@ __all__ = [
     "keep_for",
     "layout_of",
     "load",
+    "newer_than",
     "newest_complete",
     "path_of",
     "prune",

@@ -66,7 +66,13 @@ from hopbus.protocol.membership import survivable
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
-from hopbus.runtime.checkpoint import discard_after, newest_complete, run_of
+from hopbus.runtime.checkpoint import (
+    CheckpointError,
+    discard_after,
+    newer_than,
+    newest_complete,
+    run_of,
+)
 from hopbus.runtime.command import ERROR_PREFIX, KEPT_LINES, shown_command
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
@@ -1971,6 +1977,10 @@ def plan_resume(target: str, *, timeout: float | None = None) -> ResumePlan:
             f"different runs ({', '.join(sorted(map(repr, named)))[:200]}): not one run's set"
         )
     run = RunKeys(named.pop()).run  # validated as a run id
+    try:
+        newer_than(folder_ck, range(topo.n), at)  # what the resume removes: files, all of them
+    except CheckpointError as exc:
+        raise ConfigError(f"--resume {target!r}: {exc}") from None
     return ResumePlan(folder, run, cfg, at, topo.n)
 
 

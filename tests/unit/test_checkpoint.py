@@ -128,6 +128,23 @@ def test_discard_after_removes_the_abandoned_timeline(tmp_path):
     assert ck.iterations(tmp_path, 0) == [10] and ck.iterations(tmp_path, 1) == [10]
 
 
+def test_a_directory_named_like_a_newer_checkpoint_is_refused_before_anything_goes(tmp_path):
+    """Fault ``checkpoint_named_directory``: ``mkdir iter-00000030.npz`` beside a set at 10.
+    The resume said 'no checkpoint ... at iteration 30' and then failed writing its output."""
+    save_all(tmp_path, range(2), 10)
+    save_all(tmp_path, [0], 20)
+    (tmp_path / "worker-1" / "iter-00000030.npz").mkdir()
+    with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file"):
+        ck.load(tmp_path, 1, 30)
+    with pytest.raises(CheckpointError, match=r"iter-00000030\.npz is a directory, named like"):
+        ck.discard_after(tmp_path, range(2), 10)
+    assert ck.iterations(tmp_path, 0) == [10, 20]  # nothing removed before the refusal
+    (tmp_path / "worker-1" / "iter-00000030.npz").rmdir()
+    (tmp_path / "worker-1" / "iter-00000030.npz").symlink_to(tmp_path / "elsewhere")
+    ck.discard_after(tmp_path, range(2), 10)  # a link is removed, not what it points at
+    assert ck.iterations(tmp_path, 0) == [10] and ck.iterations(tmp_path, 1) == [10]
+
+
 def test_refusals_are_one_line(tmp_path):
     ck.save(tmp_path, 0, 10, state(), run="r1")
     with pytest.raises(CheckpointError, match="no checkpoint of worker 1 at iteration 10"):
