@@ -459,8 +459,11 @@ class TrainConfig(RunConfig):
         config.toml, the summary's ``config``)."""
         from hopbus.models.custom import SCRIPT
 
-        unused = set(OWN_MODEL_FIELDS) - {"model", "data"} if self.model == SCRIPT else set()
-        return {k: v for k, v in super().public().items() if k not in SIM_ONLY and k not in unused}
+        if self.model != SCRIPT:
+            return {k: v for k, v in super().public().items() if k not in SIM_ONLY}
+        unused = set(OWN_MODEL_FIELDS) - {"model", "data"}
+        kept = {k: v for k, v in super().public().items() if k not in {*SIM_ONLY, *unused}}
+        return {**kept, "data": SCRIPT}  # its data is the script's (create took --data's default)
 
     @field_validator("device")
     @classmethod

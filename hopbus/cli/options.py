@@ -422,7 +422,19 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
             UserWarning,
             stacklevel=2,
         )
-    if given.get("device") not in (None, "auto") and cfg.model not in TF_MODELS:
+    from hopbus.config import OWN_MODEL_FIELDS
+    from hopbus.models.custom import SCRIPT
+
+    if getattr(cfg, "model", None) == SCRIPT:  # hopbus create --model script: launch's run
+        own = [flag_of(f) for f in OWN_MODEL_FIELDS if f != "model" and given.get(f) is not None]
+        if own:
+            warnings.warn(
+                f"{', '.join(own)} {'has' if len(own) == 1 else 'have'} no effect with --model "
+                "script: settings of hopbus's own models; the script sets its own",
+                UserWarning,
+                stacklevel=2,
+            )
+    elif given.get("device") not in (None, "auto") and cfg.model not in TF_MODELS:
         warnings.warn(
             f"--device has no effect with --model {cfg.model}: the numpy models run on the CPU",
             UserWarning,

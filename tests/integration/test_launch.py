@@ -494,6 +494,21 @@ def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
     assert len(said) == 1 and "worker 1" in said[0], lone.stderr
 
 
+def test_a_created_script_run_says_which_flags_it_ignores(redis_url):
+    """``hopbus create --model script --lr 0.5``: hopbus launch refuses --lr, and create, the
+    first step of the same run by hand, took it in silence; it now says so, and records the
+    run as launch does (its data the script's, no settings of hopbus's own models)."""
+    run = f"own{os.getpid()}"
+    created = hopbus("create", "--run", run, "--model", "script", "--lr", "0.5", "--device",
+                     "cpu", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert ("hopbus: warning: --device, --lr have no effect with --model script"
+            in created.stderr), created.stderr  # fmt: skip
+    cfg = json.loads(redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "config"))
+    assert cfg["model"] == cfg["data"] == "script" and "lr" not in cfg and "device" not in cfg
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
+
+
 def test_a_script_is_refused_by_a_run_of_a_built_in_model(redis_url, tmp_path, script):
     """A run recorded for hopbus's own --model (hopbus create without --model script): its
     config would not say what trained, so a script's worker is refused before it joins."""
