@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 @contextlib.contextmanager
 def _following(as_json: bool) -> Iterator[Display]:
     """The live display of a followed run (on stderr). A run stopped by Ctrl-C or SIGTERM
-    still ends with its summary so far on stdout under --json, as summary.json holds it:
-    a script reading stdout gets an object however the run ended."""
+    still ends with its summary so far on stdout, as summary.json holds it (the table, or
+    the object under --json: a script reading stdout gets one however the run ended)."""
     from hopbus.cli.live import Display
 
     display = Display(Console(stderr=True))
@@ -42,9 +42,12 @@ def _following(as_json: bool) -> Iterator[Display]:
             yield display
     except KeyboardInterrupt:
         launcher = display.launcher
-        if as_json and launcher is not None and launcher.stopped_summary is not None:
+        if launcher is not None and launcher.stopped_summary is not None:
             with contextlib.suppress(OSError):  # the reader went with the Ctrl-C
-                _emit_json(launcher.stopped_summary)
+                if as_json:
+                    _emit_json(launcher.stopped_summary)
+                else:
+                    render.summary(Console(), launcher.stopped_summary)
         raise
 
 

@@ -547,9 +547,10 @@ def test_what_a_script_forks_and_forgets_goes_with_the_run(redis_url, tmp_path, 
 
 def launch_then_ctrl_c(
     redis_url: str, run: str, out: Path, *flags: str, script: Path, fault: str, watched: int
-) -> str:
+) -> tuple[str, str]:
     """hopbus launch of the test script in the background, Ctrl-C once worker ``watched``
-    has entered iteration 5; its stderr, the launcher having exited with Ctrl-C's 130."""
+    has entered iteration 5; its stdout and stderr, the launcher having exited with Ctrl-C's
+    130."""
     args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(out), *flags)
     proc = subprocess.Popen(
         [*args, "--", sys.executable, str(script), fault],
@@ -559,19 +560,21 @@ def launch_then_ctrl_c(
     counter = RunKeys(run).iter(watched)
     wait_for(lambda: int(client.get(counter) or 0) >= 5, 120, "the run to start")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    printed, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    return err
+    return printed, err
 
 
 def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
-    launch_then_ctrl_c(
+    printed, _ = launch_then_ctrl_c(
         redis_url, f"c{os.getpid()}", tmp_path / "r", "-n", "3", "--topology", "ring",
         "--iterations", "1000000", script=script, fault="none", watched=2,
     )  # fmt: skip
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
+    # and the summary table says so, as at any end
+    assert "stopped early" in printed and f"max {s['iterations']['max']}" in printed, printed
     # hopbus keeps no checkpoints of a script's model: a resume says what to do instead
     p = hopbus("train", "--resume", str(tmp_path / "r"))
     assert p.returncode == 2 and "holds a script's run (hopbus launch)" in p.stderr, p.stderr
@@ -584,7 +587,7 @@ def test_a_run_that_ends_in_the_stop_grace_is_recorded_finished(redis_url, tmp_p
     run is now recorded finished, summary and all; the exit status stays Ctrl-C's 130."""
     run = f"deafend{os.getpid()}"  # run ids are unique across the suite's tests
     out = tmp_path / "r"
-    err = launch_then_ctrl_c(
+    _, err = launch_then_ctrl_c(
         redis_url, run, out, "-n", "2", "--topology", "ring", "--iterations", "40",
         "--iter-time", "0.05", script=script, fault="deaf", watched=1,
     )  # fmt: skip
