@@ -776,8 +776,8 @@ def clean_cmd(
         status = "unknown"
     if status == "running" and not force:  # "starting": created, and no worker came yet
         raise ConfigError(
-            f"run {run} is {status} (a node's heartbeat is alive): stop it first, or pass "
-            "--force to delete its keys under its workers"
+            f"run {run} is {status} (a node's heartbeat, or its launcher's, is alive): stop it "
+            "first, or pass --force to delete its keys under its workers"
         )
     if status == "running":  # --force: stopped first, or its workers would put it back
         from hopbus.coord import read

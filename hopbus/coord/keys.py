@@ -13,6 +13,7 @@ run's keys live in one slot and one Lua script may touch several of them.
 | hop:{R}:progress | stream | one entry per iteration change (worker, iter, jump, loss, ...) |
 | hop:{R}:events | stream | start, finish, error, crash, stop, restore, rejoining, rejoin |
 | hop:{R}:hb:I | string + TTL | worker I's heartbeat; ``finished`` (no TTL) once it reported |
+| hop:{R}:launcher | string + TTL | the heartbeat of the hopbus train or launch that runs it |
 | hop:{R}:stats:I | hash | worker I's counters: dropped frames by reason, stale updates, ... |
 | hop:{R}:result | hash | worker id -> JSON of its final evaluation (the parameter server: id N) |
 | hop:{R}:group:T:G | string + TTL | wagma: the activator of iteration T's group G (SET NX) |
@@ -61,7 +62,7 @@ by anything else, even while the worker's counter stands at the last iteration, 
 
 KEPT_TYPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"meta|addr|result|incarnation|marks|initial|sketch|stats:[0-9]+"), "hash"),
-    (re.compile(r"(iter|floor|hb):[0-9]+|joined|stop|group:[0-9]+:[0-9]+"), "string"),
+    (re.compile(r"(iter|floor|hb):[0-9]+|joined|stop|launcher|group:[0-9]+:[0-9]+"), "string"),
     (re.compile(r"tok:[0-9]+:[0-9]+"), "list"),
     (re.compile(r"progress|events"), "stream"),
     (re.compile(r"dead|joining"), "set"),
@@ -155,6 +156,13 @@ class RunKeys:
     @property
     def stop(self) -> str:
         return self.prefix + "stop"
+
+    @property
+    def launcher(self) -> str:
+        """The heartbeat of the process that started the run's workers (``hopbus train`` or
+        ``launch``): while its workers load their models, none of them beats yet, and the run
+        is running all the same (inspect, clean). None for workers started by hand."""
+        return self.prefix + "launcher"
 
     @property
     def marks(self) -> str:

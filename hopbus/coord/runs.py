@@ -166,7 +166,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     killed with the laptop lid never wrote "finished"; a run followed by nobody has nobody
     to write it): ``finished`` when every worker's final report counts (coord/read.py),
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
-    was stopped, ``running`` while some node's heartbeat is alive,
+    was stopped, ``running`` while some node's heartbeat is alive, or the heartbeat of the
+    hopbus train or launch that starts them (``keys.launcher``: its workers may be loading),
     ``failed`` too when it started but nothing beats any more and a node said it failed
     (``said_why``: a worker that gave up waiting for one that never came), ``abandoned``
     when it started (a counter, or a registered endpoint) and nothing beats any more and no
@@ -183,9 +184,13 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     pipe.mget([keys.hb(i) for i in range(workers + 1)])  # and a parameter server's, node N
     pipe.smembers(keys.dead)
     pipe.hlen(keys.addr)
+    pipe.get(keys.launcher).pttl(keys.launcher)
     for i in range(workers + 1):
         pipe.pttl(keys.hb(i))
-    results, counters, incarnations, stopped, beats, dead, registered, *ttls = pipe.execute()
+    replies = pipe.execute()
+    results, counters, incarnations, stopped, beats, dead, registered = replies[:7]
+    launcher = read.beating(*replies[7:9])  # hopbus train or launch, its workers still loading
+    ttls = replies[9:]
     reported = {
         i
         for i in range(workers)
@@ -199,7 +204,7 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "finished"
     if stopped:
         return "failed"
-    if any(read.beating(b, t) for b, t in zip(beats, ttls, strict=True)):
+    if launcher or any(read.beating(b, t) for b, t in zip(beats, ttls, strict=True)):
         return "running"
     if recorded == "stopped":
         return recorded
@@ -298,8 +303,8 @@ def stop_for_removal(client: redis.Redis, keys: RunKeys, patience_s: float) -> i
 
     RunControl(client, keys, -1).stop_run("its keys were removed by hopbus clean --force")
     deadline = time.monotonic() + patience_s
-    while True:
-        names = list(client.scan_iter(match=f"{keys.hb_prefix}*", count=1000))
+    while True:  # the nodes', and the launcher's: it would write the run's end
+        names = [*client.scan_iter(match=f"{keys.hb_prefix}*", count=1000), keys.launcher]
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.get(name).pttl(name)

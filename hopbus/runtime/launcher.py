@@ -36,7 +36,7 @@ from hopbus.config import SGD_FIELDS, TrainConfig, flag_of, load_toml, make_conf
 from hopbus.coord import read
 from hopbus.coord.broker import EmbeddedRedis, _die_with_parent
 from hopbus.coord.client import attempts, check_url, connect, quick, redact, redis_flag, scrub
-from hopbus.coord.control import RunControl, broker_id, taken
+from hopbus.coord.control import Heartbeat, RunControl, broker_id, taken
 from hopbus.coord.keys import (
     ANOTHER_TYPE,
     FINISHED,
@@ -384,6 +384,7 @@ class Launcher:
         self._incarnations: dict[int, int] = {}  # worker -> its replacement's, as last seen
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.uncounted: set[int] = set()  # said it finished, with a report that does not count
+        self._beat_at: float | None = None  # when the launcher's heartbeat is due (monotonic)
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.stopped_summary: dict[str, Any] | None = None  # a run stopped by Ctrl-C: so far
         self._stop_by: float | None = None  # when its processes' grace ends, once stopping
@@ -542,6 +543,8 @@ class Launcher:
         finally:
             try:
                 self.stop_workers()
+                if self.broker is None:
+                    self._end_beat()
                 if stopped and self.broker is None:
                     self._forget_heartbeats()
             finally:  # a second Ctrl-C during the above still stops the private Redis
@@ -583,6 +586,26 @@ class Launcher:
         if self.resume_from is not None:
             self.r.hset(self.keys.meta, "resumed_from", self.resume_from)
         set_status(self.r, self.keys, "running")
+        self._beat()
+
+    def _beat(self) -> None:
+        """The launcher's own heartbeat (``keys.launcher``), renewed every third of its TTL:
+        the run is running while its workers load their models, before any of them beats
+        (for inspect, top and clean, which would have called it abandoned). A watcher runs
+        nothing: it has none."""
+        now = time.monotonic()
+        if self.follows_only or (self._beat_at is not None and now < self._beat_at):
+            return
+        ttl_ms = Heartbeat.ttl_ms_for(min(self.cfg.heartbeat, self.cfg.timeout))
+        self.r.set(self.keys.launcher, os.getpid(), px=ttl_ms)
+        self._beat_at = now + ttl_ms / 3000
+
+    def _end_beat(self) -> None:
+        """The launcher's heartbeat goes with it (once it has begun one): the run's keys tell
+        its end at once, not after a TTL. A second at most, even if Redis froze."""
+        if self._beat_at is not None:
+            with contextlib.suppress(Exception):
+                quick(self.url).delete(self.keys.launcher)
 
     def _clear_stale_run(self) -> None:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
@@ -1031,6 +1054,7 @@ class Launcher:
                     done, failure = self._poll()
                     if self.unanswered is not None:  # a read in _poll found Redis away
                         raise self.unanswered
+                    self._beat()
                     self._check_broker()
                 except redis.ResponseError as exc:  # e.g. the progress stream turned into a string
                     failure = self._refused(exc)

@@ -8,7 +8,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``garbled_incarnation``, ``clean_under_workers``, ``forged_floor``, ``deleted_progress``,
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
-``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``.
+``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``,
+``starting_run``.
 """
 
 from __future__ import annotations
@@ -730,6 +731,36 @@ def test_a_killed_launcher_leaves_an_abandoned_run_that_clean_takes(redis_url, t
     cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
     assert cleaned.returncode == 0, cleaned.stderr
     assert not client.exists(keys.meta)
+
+
+def test_a_run_whose_workers_are_still_loading_is_running(redis_url, redis_client, tmp_path):
+    """Fault ``starting_run``: between hopbus train recording a run and its first worker's
+    heartbeat (TensorFlow loading: seconds), nothing beat, inspect called the run
+    "abandoned" and clean deleted it under the starting workers. The launcher beats too
+    (``hop:{RUN}:launcher``), while it runs and no longer: a launcher's beat alone is enough."""
+    run = f"loading{os.getpid()}"
+    keys = RunKeys(run)
+    assert hopbus("create", "--run", run, "-n", "2", "--redis", redis_url).returncode == 0
+    redis_client.hset(keys.meta, "status", "running")  # as hopbus train records it
+    redis_client.set(keys.launcher, 1, px=30_000)  # its workers not yet beating
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "running", snap["status"]
+    refused = hopbus("clean", "--run", run, "--redis", redis_url)
+    assert refused.returncode == 2 and "its launcher's, is alive" in refused.stderr
+    redis_client.delete(keys.launcher)  # the launcher gone, before any worker came
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "abandoned", snap["status"]
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
+    # a real launcher: its beat while it runs, gone with it
+    proc, run, keys = _start(redis_url, tmp_path, "-n", "2", "--iterations", "100000",
+                             "--iter-time", "0.01", "--heartbeat", "3")  # fmt: skip
+    wait_for(lambda: redis_client.pttl(keys.launcher) > 0, 60, "the launcher's heartbeat")
+    wait_iteration(redis_client, keys, 0, 5)
+    ttl = redis_client.pttl(keys.launcher)
+    assert 0 < ttl <= 3000, ttl
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130 and not redis_client.exists(keys.launcher)
 
 
 def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_client):

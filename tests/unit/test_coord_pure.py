@@ -40,7 +40,7 @@ def test_every_key_of_a_run_has_the_type_its_schema_table_gives():
         "stats:I": k.stats(4), "result": k.result, "group:T:G": k.group(10, 2),
         "joined": k.joined, "dead": k.dead, "joining": k.joining, "stop": k.stop,
         "incarnation": k.incarnation, "marks": k.marks, "initial": k.initial,
-        "sketch": k.sketch,
+        "sketch": k.sketch, "launcher": k.launcher,
     }  # fmt: skip
     assert {f"hop:{{r1}}:{name}" for name in made} == set(rows)
     for name, key in made.items():
