@@ -68,6 +68,18 @@ def descendants(root: int | None = None) -> list[int]:
     return out
 
 
+def command_line(pid: int, limit: int = 100) -> str | None:
+    """A process's command line as one printable line of at most ``limit`` characters (None
+    if it is gone, or not ours to read): a leftover named by what it is, not by its pid."""
+    from hopbus.coord.read import text
+
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return text(raw.rstrip(b"\0").replace(b"\0", b" "), limit) or None
+
+
 def _reap() -> None:
     """Collect the exit status of this process's children that have ended (re-parented
     orphans included), so that they leave the process table."""
@@ -141,4 +153,11 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-__all__ = ["become_subreaper", "descendants", "marked", "stop_all", "stop_marked"]
+__all__ = [
+    "become_subreaper",
+    "command_line",
+    "descendants",
+    "marked",
+    "stop_all",
+    "stop_marked",
+]

@@ -611,7 +611,9 @@ def test_nothing_a_script_started_outlives_its_worker(redis_url, tmp_path, scrip
     assert p.returncode == 0 and s["finished"], p.stderr
     assert not processes_mentioning(mark)
     log = (tmp_path / "d" / "logs" / "worker-0.log").read_text()
-    assert "stopped 1 process `" in log and "left running when it exited" in log, log
+    said = "stopped 1 process that `"  # named by its own command, not by the script's
+    assert said in log and "left running when it exited: pid " in log, log
+    assert "time.sleep(600)" in log.split(said)[1], log
 
     run = f"ksh{os.getpid()}"  # not test_keras.py's k{pid}: one Redis for the session
     args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "k"),
