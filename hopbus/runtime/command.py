@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import redis
 
+from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
@@ -179,15 +180,21 @@ def _outcome(
     ``other``: the command is another program than the Python hopbus runs in."""
     said = [line[len(ERROR_PREFIX) :] for line in tail if line.startswith(ERROR_PREFIX)]
     if code == 0:
+        reached: int | None = None  # its counter: it joined, and trained that far
         try:
             if client.hexists(keys.result, str(worker)):
                 return worker
+            reached = read.integer(client.get(keys.iter(worker)), 0)
         except redis.RedisError:
             pass  # cannot tell: say what is known
-        why = (
-            f"worker {worker}: `{shown}` exited 0 without finishing its part of the run (it "
-            "must call hopbus.join() and train until the run is done, e.g. model.fit with "
-            "hopbus.keras.HopCallback)"
+        why = f"worker {worker}: `{shown}` exited 0 without finishing its part of the run " + (
+            "(it must call hopbus.join(), then train until the run is done: model.fit with "
+            "hopbus.keras.HopCallback, or ctx.start(params), then ctx.begin() and "
+            "ctx.end(params) in a loop while not ctx.done)"
+            if reached is None
+            else f"(it joined, and stopped in iteration {reached}: train until ctx.done, e.g. "
+            "model.fit with hopbus.keras.HopCallback and epochs enough, or ctx.begin() and "
+            "ctx.end(params) in a loop while not ctx.done)"
         )
     elif said:  # its own "hopbus: error:" line is on stderr already: not a second time
         failed = ScriptFailed(said[-1])

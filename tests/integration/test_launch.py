@@ -74,6 +74,8 @@ with hopbus.join() as ctx:
             raise ZeroDivisionError("worker %d gave up on [/data/shard-%d]" % (me, me))
         if fault == "stops_early" and me == who and ctx.iteration >= 10:
             break  # leaving the with block early: the run hears why
+        if fault == "exits_early" and me == who and ctx.iteration >= 10:
+            os._exit(0)  # past the with block's exit: only the run's keys say how far it got
         if fault == "slow_step" and me == who and ctx.iteration == 10:
             import time
             time.sleep(600)  # its step outlasts --timeout
@@ -218,7 +220,9 @@ def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_p
     for fault, expected in (
         ("never_joins", "exited 0 without finishing its part of the run"),
         ("stops_early", "left the run after iteration 10 of 200"),
-    ):
+        ("exits_early", "without finishing its part of the run (it joined, and stopped in "
+                        "iteration 1"),  # 10, or 11 when its last step had gone out
+    ):  # fmt: skip
         out = tmp_path / fault
         p, _, _ = launch(
             redis_url, out, "-n", "3", "--topology", "ring", "--iterations", "200",
