@@ -122,6 +122,7 @@ class HopCallback(keras.callbacks.Callback):
         self._names: list[str] = []
         self._stepping = False
         self._applied: dict[str, np.ndarray] | None = None
+        self._in_epoch = 0  # batches of the epoch going on, or of the last one
 
     # -- fit's start and end --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -151,6 +152,15 @@ class HopCallback(keras.callbacks.Callback):
         if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
             steps = (self.params or {}).get("steps")
             per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""
+            if isinstance(steps, int) and 0 < self._in_epoch < steps:  # the data ran out
+                ctx._ended_short(
+                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
+                    f"{ctx.iterations} iterations: its data ran out after {self._in_epoch} "
+                    f"batches of an epoch of {steps} (steps_per_epoch): repeat the dataset "
+                    "(dataset.repeat()), or give fit no more steps_per_epoch than it holds, "
+                    "and more epochs"
+                )
+                return
             ctx._ended_short(
                 f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
                 f"{ctx.iterations} iterations{per_epoch}, before the run was done: give fit "
@@ -170,6 +180,9 @@ class HopCallback(keras.callbacks.Callback):
             ctx.finish()
 
     # -- each batch: one Hop iteration ----------------------------------------------------------
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._in_epoch = 0
+
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.ctx is not None
         self._stepping = self.ctx.begin() is not None
@@ -177,6 +190,7 @@ class HopCallback(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._in_epoch += 1  # a batch begun on data that ran out does not end
         if not self._stepping:
             return
         ctx = self.ctx

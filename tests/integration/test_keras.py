@@ -172,8 +172,13 @@ x = np.random.default_rng(0).normal(size=(280, 4)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch of 20
+    import tensorflow as tf
+    data = tf.data.Dataset.from_tensor_slices((x[:224], y[:224])).batch(32)
+    model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
+              callbacks=[hopbus.keras.HopCallback(ctx)])
 fits = 0
-while not ctx.done and (sys.argv[1] == "loop" or fits == 0):
+while not ctx.done and (sys.argv[1] == "loop" or (sys.argv[1] == "once" and fits == 0)):
     # 224 rows train, 56 validate: 7 batches an epoch
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, validation_split=0.2,
               callbacks=[hopbus.keras.HopCallback(ctx)])
@@ -184,7 +189,8 @@ print("fits", fits, "epochs", ctx.epochs(len(x), 32, validation_split=0.2))
 
 def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, tmp_path):
     """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
-    fails saying how far it got, in the run's own count, and what to give fit. A script that
+    fails saying how far it got, in the run's own count, and what to give fit; with a dataset
+    that runs out before its steps_per_epoch, what to do about the data. A script that
     fits one epoch at a time until the run is done (a new callback each time) trains through."""
     script = tmp_path / "short.py"
     script.write_text(SHORT_FIT)
@@ -202,6 +208,13 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
     assert "model.fit ended after 7 of 50 iterations (7 batches an epoch), before the run " in last
     assert "epochs=ctx.epochs(len(x_train), batch_size), with validation_split" in last, last
     assert "Traceback" not in p.stderr
+    p = run("dataset")  # blamed on the data that ran out, not on too few epochs
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (
+        "model.fit ended after 14 of 50 iterations: its data ran out after 7 batches of an "
+        "epoch of 20 (steps_per_epoch): repeat the dataset (dataset.repeat())" in last
+    ), last
     p = run("loop")
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "loop" / "summary.json").read_text())
