@@ -83,6 +83,12 @@ def recorded_config(raw: dict[str, Any], keys: RunKeys) -> Any:
         ) from None
 
 
+def _where(client: redis.Redis) -> str:
+    """Which Redis ``client`` talks to, without its credentials: host:port, or its socket."""
+    kw = client.connection_pool.connection_kwargs
+    return str(kw.get("path") or f"{kw.get('host')}:{kw.get('port')}")
+
+
 def load_config(
     client: redis.Redis, keys: RunKeys, *, timeout: float, say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -105,13 +111,15 @@ def load_config(
             said = True
             others = ", ".join(list_runs(client)[:10]) or "none"
             say(
-                f"run {keys.run!r} is not in this Redis yet: waiting up to {timeout:g} s for "
-                f"it to be created (hopbus create or train); runs here: {others}"
+                f"run {keys.run!r} is not in the Redis at {_where(client)} yet: waiting up to "
+                f"{timeout:g} s for it to be created (hopbus create, train or launch); runs "
+                f"there: {others}"
             )
         if waited >= timeout:
             raise RunStateError(
-                f"run {keys.run!r} has no configuration in Redis ({keys.meta}) after "
-                f"{timeout:g} s: start it with hopbus train, or check --run and --redis"
+                f"run {keys.run!r} has no configuration in the Redis at {_where(client)} "
+                f"({keys.meta}) after {timeout:g} s: start it with hopbus train, launch or "
+                "create, or check --run and --redis (HOPBUS_RUN, HOPBUS_REDIS)"
             )
         time.sleep(0.1)  # polling for a run another process is creating
 

@@ -60,8 +60,10 @@ def test_a_run_that_is_not_there_is_said_to_be_waited_for(redis_url):
     p = hopbus("worker", "--run", f"nosuch{os.getpid()}", "--redis", redis_url, "--timeout", "4")
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
-    assert "is not in this Redis yet: waiting up to 4 s" in lines[0]
+    where = redis_url.removeprefix("redis://").split("/")[0]  # the Redis it looked in
+    assert f"is not in the Redis at {where} yet: waiting up to 4 s" in lines[0], lines[0]
     assert lines[-1].startswith("hopbus: error: run ") and "after 4 s" in lines[-1]
+    assert "hopbus train, launch or create" in lines[-1]
 
 
 def test_an_inbox_its_peers_cannot_reach_is_named(redis_url, tmp_path):
