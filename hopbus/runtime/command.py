@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,11 +32,11 @@ from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, RunKeys
-from hopbus.coord.runs import join_worker
+from hopbus.coord.runs import join_worker, said_why
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer
-from hopbus.runtime.last_words import cause
+from hopbus.runtime.last_words import cause, said
 from hopbus.runtime.node import place_taken, read_run_config, redis_failures
 from hopbus.runtime.reaper import become_subreaper, command_line, descendants, stop_all
 from hopbus.runtime.worker import report_failure
@@ -43,7 +44,6 @@ from hopbus.runtime.worker import report_failure
 KEPT_LINES = 200  # enough to find a traceback's header under a long TensorFlow message
 
 STOP_GRACE_S = 5.0
-ERROR_PREFIX = "hopbus: error: "
 
 
 def shown_command(command: list[str]) -> str:
@@ -57,15 +57,47 @@ class ScriptFailed(RunFailure):
     """The script failed; the run was told already (by the script itself or here)."""
 
 
-def _pump(source: IO[bytes], sink: Any, tail: collections.deque[str]) -> None:
-    """Copy the script's stderr to ours line by line, keeping its last lines."""
-    for raw in iter(source.readline, b""):
-        with contextlib.suppress(OSError, ValueError):
-            sink.write(raw)
-            sink.flush()
-        line = raw.decode(errors="replace").rstrip()
-        if line.strip():
-            tail.append(line)
+READ_BYTES = 1 << 16
+"""The script's stderr is read this much at most at a time: a line without end (gigabytes
+written without a newline) costs no more memory than this."""
+KEPT_CHARS = 2000  # of each of its last lines: the head of a long one tells what it is
+
+
+class _Pump(threading.Thread):
+    """Copies the script's stderr to ours as it comes, keeping the head of each of its last
+    ``KEPT_LINES`` lines (``tail``) and counting what it copied (``copied``): the caller
+    waits for it while it still moves, so that a script's last words are read whole."""
+
+    def __init__(self, source: IO[bytes], sink: Any) -> None:
+        super().__init__(name="hopbus-stderr", daemon=True)
+        self.source, self.sink = source, sink
+        self.tail: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+        self.copied = 0
+
+    def run(self) -> None:
+        within = False  # in a line longer than one read: its head is kept already
+        while raw := self.source.readline(READ_BYTES):
+            self.copied += len(raw)
+            with contextlib.suppress(OSError, ValueError):
+                self.sink.write(raw)
+                self.sink.flush()
+            if not within:
+                line = raw[: KEPT_CHARS * 4].decode(errors="replace").rstrip()[:KEPT_CHARS]
+                if line.strip():
+                    self.tail.append(line)
+            within = not raw.endswith(b"\n")
+
+    def drain(self, still_s: float = 5.0) -> None:
+        """Wait for the end of the script's stderr while bytes still come (a last traceback
+        behind a flood of output), but no longer than ``still_s`` once they stop (something
+        the script started holds it open)."""
+        seen, since = -1, time.monotonic()
+        while self.is_alive():
+            self.join(0.2)
+            if self.copied != seen:
+                seen, since = self.copied, time.monotonic()
+            elif time.monotonic() - since >= still_s:
+                return
 
 
 def script_env(
@@ -127,9 +159,8 @@ def run_command(
         )
     except OSError as exc:
         raise ConfigError(f"cannot start `{shown}`: {exc.strerror or exc}") from None
-    tail: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
     assert proc.stderr is not None
-    pump = threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, tail), daemon=True)
+    pump = _Pump(proc.stderr, sys.stderr.buffer)
     pump.start()
     try:
         code = proc.wait()
@@ -155,10 +186,11 @@ def run_command(
             file=sys.stderr,
             flush=True,
         )
-    pump.join(timeout=5.0)
+    pump.drain()
+    tail = list(pump.tail)
     program = shutil.which(command[0], path=variables.get("PATH")) or command[0]
     other = os.path.realpath(program) != os.path.realpath(sys.executable)
-    return _outcome(client, keys, worker, redis_url, shown, code, list(tail), other=other)
+    return _outcome(client, keys, worker, redis_url, shown, code, tail, other=other)
 
 
 def _interrupted(url: str, keys: RunKeys, worker: int) -> None:
@@ -178,7 +210,7 @@ def _outcome(
     """The worker's id if the script finished its part; otherwise ScriptFailed, the run told
     unless the script said itself (a ``hopbus: error:`` line: it reported what it had to).
     ``other``: the command is another program than the Python hopbus runs in."""
-    said = [line[len(ERROR_PREFIX) :] for line in tail if line.startswith(ERROR_PREFIX)]
+    own = said(tail)  # the script's "hopbus: error:" line, where it is its last word
     if code == 0:
         reached: int | None = None  # its counter: it joined, and trained that far
         try:
@@ -196,8 +228,11 @@ def _outcome(
             "model.fit with hopbus.keras.HopCallback and epochs enough, or ctx.begin() and "
             "ctx.end(params) in a loop while not ctx.done)"
         )
-    elif said:  # its own "hopbus: error:" line is on stderr already: not a second time
-        failed = ScriptFailed(said[-1])
+    elif own is not None:  # on stderr already: not a second time; the run told, by hopbus's
+        with contextlib.suppress(redis.RedisError):  # API (or by something else it ran?)
+            if worker not in said_why(client, keys, worker + 1):
+                report_failure(url, keys.run, worker, own)
+        failed = ScriptFailed(own)
         failed.said = True
         raise failed
     elif code < 0:

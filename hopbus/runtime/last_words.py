@@ -38,6 +38,24 @@ def _library(path: str) -> bool:
     )
 
 
+ERROR_PREFIX = "hopbus: error: "
+"""How hopbus, and a script through hopbus's API, says why it failed: one line."""
+
+
+def said(lines: list[str]) -> str | None:
+    """The process's own one-line account of its failure (hopbus's ``hopbus: error:``
+    line, without the prefix), where it is its last word: a traceback after it is a later
+    failure (that line came from something else it ran, a ``hopbus inspect`` say), and
+    ``cause`` tells that one. None if there is none."""
+    at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(ERROR_PREFIX)), None)
+    if at is None or any(line.startswith(_HEADER) for line in lines[at + 1 :]):
+        return None
+    return lines[at][len(ERROR_PREFIX) :]
+
+
+_HEADER = "Traceback (most recent call"
+
+
 def cause(tail: list[str], last: int = TAIL_LINES) -> str:
     """``tail``'s last words (see the module docstring): ``TypeError: ... (train.py, line 33,
     in evaluate)``; a SyntaxError's ``(train.py, line 3)``; output that holds no traceback as
@@ -48,7 +66,7 @@ def cause(tail: list[str], last: int = TAIL_LINES) -> str:
         return "it printed nothing on stderr"
     # the exception line: the first line, after the last traceback's header (else after the
     # last frame: a SyntaxError has no header), that is not a frame or a frame's code
-    heads = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call")]
+    heads = [i for i, line in enumerate(tail) if line.startswith(_HEADER)]
     frames = [i for i, line in enumerate(tail) if _WHERE.match(line)]
     start = heads[-1] if heads else (frames[-1] if frames else len(tail))
     at = next((i for i in range(start + 1, len(tail)) if not tail[i][0].isspace()), None)
@@ -67,4 +85,4 @@ def cause(tail: list[str], last: int = TAIL_LINES) -> str:
     return f"{said} ({Path(m['file']).name}, line {m['line']}{where})"
 
 
-__all__ = ["cause"]
+__all__ = ["ERROR_PREFIX", "cause", "said"]

@@ -73,10 +73,10 @@ from hopbus.runtime.checkpoint import (
     newest_complete,
     run_of,
 )
-from hopbus.runtime.command import ERROR_PREFIX, KEPT_LINES, shown_command
+from hopbus.runtime.command import KEPT_CHARS, KEPT_LINES, shown_command
 from hopbus.runtime.command import STOP_GRACE_S as SCRIPT_GRACE_S
 from hopbus.runtime.faults import ENV, Faults
-from hopbus.runtime.last_words import cause
+from hopbus.runtime.last_words import cause, said
 from hopbus.runtime.own_code import given_env
 from hopbus.runtime.progress import (
     Entry,
@@ -307,21 +307,29 @@ RESUMED_MARK = "hopbus: --- resumed from iteration "
 """The line a resumed run's log starts its part with: what came before is the stopped run's."""
 
 
+LOG_TAIL_BYTES = 1 << 20
+"""A failed node's last words are looked for in this much of the end of its log."""
+
+
 def _last_line(path: Path) -> str:
     """The node's last word in its log: its last error line, else its traceback's exception
     and place, else its last lines (``last_words.cause``; of the resumed part only, in a
     resumed run's log), control characters out."""
     try:
-        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+        with path.open("rb") as fh:  # its end only: a log may hold gigabytes of a script's
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - LOG_TAIL_BYTES))
+            text = fh.read().decode(errors="replace")
     except OSError:
         return ""
+    if size > LOG_TAIL_BYTES:
+        text = text.partition("\n")[2]  # from the first whole line on
+    lines = [x[:KEPT_CHARS] for x in text.splitlines() if x.strip()]
     marks = [i for i, x in enumerate(lines) if x.startswith(RESUMED_MARK)]
     if marks:
         lines = lines[marks[-1] + 1 :]
-    last = next((x for x in reversed(lines) if x.startswith(ERROR_PREFIX)), None)
-    if last is not None:
-        last = last[len(ERROR_PREFIX) :]
-    elif lines:
+    last = said(lines)
+    if last is None and lines:
         last = cause(lines[-KEPT_LINES:], last=1)
     return read.text(last, 1000) or ""  # a script's words: no escape reaches the terminal
 

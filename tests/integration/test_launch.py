@@ -72,6 +72,13 @@ with hopbus.join() as ctx:
         if fault == "crash_at" and me == who and ctx.iteration >= 20:
             # brackets as a path or an index holds them: text to every printer, not markup
             raise ZeroDivisionError("worker %d gave up on [/data/shard-%d]" % (me, me))
+        if fault in ("said_then_crash", "flood_then_crash") and me == who and ctx.iteration >= 5:
+            if fault == "said_then_crash":  # a line of a hopbus command the script ran
+                print("hopbus: error: no run 'x' in this Redis", file=sys.stderr, flush=True)
+            else:  # 20 MB without a newline, as a progress bar gone wrong writes
+                sys.stderr.write("#" * 20_000_000)
+                sys.stderr.flush()
+            raise ValueError("the real cause")
         if fault == "stops_early" and me == who and ctx.iteration >= 10:
             break  # leaving the with block early: the run hears why
         if fault == "exits_early" and me == who and ctx.iteration >= 10:
@@ -213,6 +220,27 @@ def test_a_script_that_crashes_is_named_with_its_last_words(redis_url, tmp_path,
         assert s["finished"] and s["violations"] == 0
         assert [w["worker"] for w in s["lost_workers"]] == [2]
         assert tail in p.stderr
+    assert not processes_mentioning(str(script))
+
+
+@pytest.mark.parametrize("fault", ["said_then_crash", "flood_then_crash"])
+def test_a_crash_behind_other_words_is_still_its_cause(redis_url, tmp_path, script, fault):
+    """Faults ``said_then_crash`` and ``flood_then_crash``: an error line of a hopbus command
+    the script ran, or 20 MB of stderr without a newline, before its real crash. The first
+    was taken for the script's own account (and the run was never told of the crash); the
+    second held the whole line in memory and judged the script's last words before they
+    came ('it printed nothing on stderr')."""
+    p, _, run = launch(
+        redis_url, tmp_path / "run", "-n", "3", "--topology", "ring", "--iterations", "200",
+        command=[sys.executable, str(script), fault, "1"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    (line,) = error_lines(p.stderr)
+    assert "worker 1" in line and "ValueError: the real cause (loop.py, line" in line, line
+    told = [f.get(b"message", b"").decode() for _, f in
+            redis.Redis.from_url(redis_url).xrange(RunKeys(run).events)
+            if f.get(b"kind") == b"error" and f.get(b"worker") == b"1"]  # fmt: skip
+    assert told and "ValueError: the real cause" in told[0], told
     assert not processes_mentioning(str(script))
 
 

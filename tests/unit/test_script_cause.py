@@ -107,3 +107,50 @@ def test_only_library_frames_name_the_last_of_them():
         "ValueError: cannot reshape array of size 3 into shape (2,) (fromnumeric.py, line 9, "
         "in reshape)"
     )
+
+
+def test_an_error_line_is_the_scripts_account_only_as_its_last_word():
+    """``said``: a ``hopbus: error:`` line counts as the script's own account of its failure
+    unless a traceback follows it (then it came from something the script ran, before the
+    script's real crash, which ``cause`` names)."""
+    from hopbus.runtime.last_words import said
+
+    mine = ["loading", "hopbus: error: worker 1: log(): unknown metric 'val_acc'"]
+    assert said(mine) == "worker 1: log(): unknown metric 'val_acc'"
+    assert said([*mine, "some note at exit"]) == "worker 1: log(): unknown metric 'val_acc'"
+    crashed = [
+        "hopbus: error: no run 'x' in this Redis",
+        "Traceback (most recent call last):",
+        '  File "/home/u/train.py", line 7, in <module>',
+        '    raise ValueError("the real cause")',
+        "ValueError: the real cause",
+    ]
+    assert said(crashed) is None
+    assert cause(crashed) == "ValueError: the real cause (train.py, line 7, in <module>)"
+    assert said(["no error line at all"]) is None
+
+
+def test_a_line_without_end_on_stderr_is_copied_in_bounded_reads():
+    """Fault ``endless_line``: 3 MB without a newline, then a traceback. Each read and each
+    write is at most READ_BYTES; the tail keeps the long line's head once, then every line
+    of the traceback."""
+    import io
+
+    from hopbus.runtime.command import KEPT_CHARS, READ_BYTES, _Pump
+
+    class Sink(io.RawIOBase):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def write(self, b) -> int:  # type: ignore[override]
+            self.sizes.append(len(b))
+            return len(b)
+
+    source = io.BytesIO(b"#" * 3_000_000 + b"\nTraceback (most recent call last):\nValueError: x\n")
+    sink = Sink()
+    pump = _Pump(source, sink)  # type: ignore[arg-type]
+    pump.run()
+    assert max(sink.sizes) <= READ_BYTES and sum(sink.sizes) == pump.copied
+    head, *rest = pump.tail
+    assert head == "#" * KEPT_CHARS
+    assert rest == ["Traceback (most recent call last):", "ValueError: x"]
