@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 
 import networkx as nx
-import numpy as np
 
 from hopbus.topology import GapSetting, Topology
 from hopbus.topology.bounds import neighbour_bound
@@ -141,10 +140,10 @@ class GapMonitor:
             if self.first_violation is None:
                 self.first_violation = self._first_pair(worker, iteration)
 
-    def remove(self, worker: int, bounds: np.ndarray | None = None) -> None:
+    def remove(self, worker: int) -> None:
         """``worker`` died: from now on it counts for no gap, and the live workers are held to
-        Table 1 in the graph without it. (``bounds``, that graph's ``bounds_without`` matrix,
-        is not needed: its bounds are the live edges' limits composed, as above.)"""
+        Table 1 in the graph without it (that graph's ``bounds_without`` matrix is not needed:
+        its bounds are the live edges' limits composed, as above)."""
         if worker in self.gone:
             return
         self.gone.add(worker)
@@ -157,9 +156,8 @@ class GapMonitor:
         self._set_edges()
         self._recount()
 
-    def rejoin(self, worker: int, iteration: int, bounds: np.ndarray | None = None) -> None:
-        """A replacement for dead ``worker`` joined in ``iteration`` (``bounds`` as for
-        remove)."""
+    def rejoin(self, worker: int, iteration: int) -> None:
+        """A replacement for dead ``worker`` joined in ``iteration``."""
         if worker not in self.gone:
             return
         self.gone.discard(worker)

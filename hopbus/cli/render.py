@@ -314,6 +314,8 @@ def inspect(console: Console, snap: dict[str, Any]) -> None:
     among = f", among the live workers (dead: {', '.join(map(str, dead[:10]))}" + (
         " ...)" if len(dead) > 10 else ")"
     )
+    if g.get("bound_of_whole_graph"):
+        among += "; bounds of the whole graph, the dead's paths included (never looser)"
     _line(
         console,
         f"gaps now: adjacent {_known(g['max_adjacent'])} (bound {_bound(b['adjacent'])}), any "

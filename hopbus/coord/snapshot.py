@@ -53,12 +53,15 @@ def live_gaps(
     dead stopped where it was and the run goes on without it (docs/faults.md), so no gap
     with it counts, and the bounds are those of the graph without it (``bounds_without``,
     an n x n matrix then; per edge otherwise), as the run's own check holds them.
-    ``over_bound``: neighbour pairs above their bound."""
-    from hopbus.protocol.membership import bounds_without
+    ``over_bound``: neighbour pairs above their bound. Above ``BOUNDS_WITHOUT_LIMIT``
+    workers the live workers are held to the whole graph's bounds, which are never looser
+    (``bound_of_whole_graph``: a dead worker only lengthens paths)."""
+    from hopbus.protocol.membership import BOUNDS_WITHOUT_LIMIT, bounds_without
 
     n = topo.n
     live = [None if i in dead else it for i, it in enumerate(iters)]
-    matrix = bounds_without(topo, setting, dead) if dead else None
+    whole = bool(dead) and n > BOUNDS_WITHOUT_LIMIT
+    matrix = bounds_without(topo, setting, dead) if dead and not whole else None
 
     def limit(a: int, j: int) -> float:
         return matrix[a, j] if matrix is not None else topo.neighbour_bound(a, j, setting)
@@ -96,6 +99,7 @@ def live_gaps(
         "over_bound": over,
         "bound": bound_of,
         "dead": sorted(dead),
+        "bound_of_whole_graph": whole,
     }
 
 

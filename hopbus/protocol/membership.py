@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-import networkx as nx
 import numpy as np
 
 from hopbus.protocol.spec import ProtocolSettings
@@ -67,17 +66,30 @@ def live(peers: Iterable[int], dead: Collection[int]) -> tuple[int, ...]:
     return tuple(p for p in peers if p not in dead)
 
 
+BOUNDS_WITHOUT_LIMIT = 2000
+"""``bounds_without`` is an n x n matrix (16 MB, well under a second at 2,000 workers): above
+this many workers a reader holds the live workers to the whole graph's bounds instead (the
+run's own check needs no matrix: ``gaps.GapMonitor.remove``)."""
+
+
 def bounds_without(topo: Topology, setting: GapSetting, dead: Collection[int]) -> np.ndarray:
     """Table 1's per-pair bounds between the live workers, in the graph without ``dead``
-    (``inf`` for pairs with a dead worker or with no live path left)."""
+    (``inf`` for pairs with a dead worker or with no live path left). An n x n matrix: for
+    graphs of ``BOUNDS_WITHOUT_LIMIT`` workers at most."""
     if not dead:
         return topo.bounds(setting)
-    g = topo.graph.copy()
-    g.remove_nodes_from(dead)
-    dist = np.full((topo.n, topo.n), np.inf, dtype=np.float64)
-    for i, lengths in nx.all_pairs_shortest_path_length(g):
-        for j, d in lengths.items():
-            dist[i, j] = d
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import shortest_path
+
+    n = topo.n
+    edges = [(u, v) for u, v in topo.graph.edges if u != v and u not in dead and v not in dead]
+    src, dst = (
+        (np.array(x, dtype=np.int64) for x in zip(*edges, strict=True))
+        if edges
+        else (np.empty(0, np.int64), np.empty(0, np.int64))
+    )
+    adjacency = csr_array((np.ones(len(src), np.int8), (src, dst)), shape=(n, n))
+    dist = shortest_path(adjacency, unweighted=True)  # inf: no live path (or a dead end)
     b = bound_matrix(setting, dist)
     for w in dead:
         b[w, :] = np.inf

@@ -301,21 +301,17 @@ class Replay:
 
     def _membership(self, rec: dict[str, Any], w: int, it: int, t: float) -> None:
         """A worker declared dead (its gaps stop counting; the live workers are held to Table 1
-        in the graph without it) or a replacement that rejoined in iteration ``it``."""
-        from hopbus.protocol.membership import bounds_without
-
-        gone = set(self.monitor.gone)
+        in the graph without it: the monitor's live edges) or a replacement that rejoined in
+        iteration ``it``."""
         self._assumed.discard(w)  # its marker, or its replacement's: no longer assumed
         if rec.get("dead"):
-            if w in gone:  # known dead already: its dead set was read before its marker
+            if w in self.monitor.gone:  # known dead already: its dead set was read first
                 return
-            gone.add(w)
-            self.monitor.remove(w, bounds_without(self.topo, self.setting, gone))
+            self.monitor.remove(w)
             self.lost.append({"worker": w, "iteration": it, "t": round(t, 6)})
             self._placed(w)  # in a resync: it will not write again
             return
-        gone.discard(w)
-        self.monitor.rejoin(w, it, bounds_without(self.topo, self.setting, gone))
+        self.monitor.rejoin(w, it)
         self.rejoined.append({"worker": w, "iteration": it, "t": round(t, 6)})
         self.stats.restart(w, it, t)
         self.views[w].iteration, self.views[w].t = it, t
