@@ -357,11 +357,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     except RecursionError:  # arrays nested a thousand deep: no setting looks like that
         raise ConfigError(f"config file {str(path)!r} nests too deeply to be settings") from None
     settings: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # each setting's key as the file writes it
     for k, v in data.items():
         name = k.replace("-", "_")
         if name in settings:  # max_ig and max-ig: which one was meant?
-            raise ConfigError(f"{path}: {name} is set twice (as {name!r} and {k!r})")
-        settings[name] = v
+            raise ConfigError(f"{path}: {name} is set twice (as {spelled[name]!r} and {k!r})")
+        settings[name], spelled[name] = v, k
     return settings
 
 

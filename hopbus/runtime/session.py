@@ -84,6 +84,8 @@ def _figure(call: str, name: str, value: Any) -> float | None:
         x = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"{call}: {name} must be a number, not {type(value).__name__}") from None
+    except OverflowError:  # an integer beyond any float (10**400)
+        raise UsageError(f"{call}: {name} is an integer beyond any float's range") from None
     if "accuracy" in name and math.isfinite(x) and not 0.0 <= x <= 1.0:
         raise UsageError(f"{call}: {name} {x} is not a fraction in [0, 1]")
     return x

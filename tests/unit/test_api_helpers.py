@@ -47,3 +47,13 @@ def test_what_has_no_rows_is_one_line():
     for scalar in (np.float32(3), np.array(5), (i for i in range(3)), 7):
         with pytest.raises(UserError, match="has no rows to split"):
             _rows_in(scalar)
+
+
+def test_a_figure_beyond_any_float_is_one_line():
+    """Fault ``huge_loss``: ``ctx.end(new, loss=10**400)`` ended in an OverflowError
+    traceback; a string loss already got one line."""
+    from hopbus.runtime.session import _figure
+
+    with pytest.raises(UserError, match=r"^end\(\): loss is an integer beyond any float's range$"):
+        _figure("end()", "loss", 10**400)
+    assert _figure("end()", "loss", np.float32(0.5)) == 0.5

@@ -188,3 +188,6 @@ def test_a_setting_spelled_both_ways_in_a_file_is_refused(tmp_path):
     path.write_text("max_ig = 7\nmax-ig = 8\n")
     with pytest.raises(ConfigError, match=r"cfg\.toml: max_ig is set twice"):
         load_toml(path)
+    path.write_text("max-ig = 3\nmax_ig = 4\n")  # each spelling as the file writes it
+    with pytest.raises(ConfigError, match=r"set twice \(as 'max-ig' and 'max_ig'\)"):
+        load_toml(path)
