@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -217,6 +218,78 @@ def check_model(obj: Any, spec: str) -> Any:
         "an object with init_params(seed), loss_and_grad(params, x, y) and "
         "evaluate(params, x, y) (hopbus.models.base.Model)"
     )
+
+
+def _answer(model: Any, method: str, spec: str, *args: Any) -> Any:
+    """``model.method(*args)``; its exception as one line naming the method."""
+    try:
+        with native_notices_hidden():
+            return getattr(model, method)(*args)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise ConfigError(f"--model {spec!r}: its {method}() raised {_first_line(exc)}") from None
+
+
+def _a_number(value: Any) -> bool:
+    try:
+        return not isinstance(value, bool) and math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
+    """One call of each method of a numpy model of the user's (``hopbus.models.base.Model``)
+    on a minibatch ``x``, ``y``, before any process starts: what it returns is what the
+    workers' loop takes, or one line saying which method returned what (a worker would
+    fail later, with a traceback through hopbus's own files)."""
+    import numpy as np
+
+    expected = "a dict of names to float numpy arrays"
+    params = _answer(model, "init_params", spec, seed)
+    if not isinstance(params, dict) or not params:
+        got = "an empty dict" if isinstance(params, dict) else kind_of(params)
+        raise ConfigError(
+            f"--model {spec!r}: init_params(seed) returned {got}: expected {expected}"
+        )
+    for name, a in params.items():
+        if not isinstance(name, str) or not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            what = kind_of(a) if not isinstance(a, np.ndarray) else f"a {a.dtype} array"
+            raise ConfigError(
+                f"--model {spec!r}: init_params(seed) returned {what} for {str(name)[:40]!r}: "
+                f"expected {expected}"
+            )
+    out = _answer(model, "loss_and_grad", spec, params, x, y)
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise ConfigError(
+            f"--model {spec!r}: loss_and_grad(params, x, y) returned {kind_of(out)}: expected "
+            "(loss, gradients), a number and a dict like the parameters"
+        )
+    loss, grads = out
+    if not _a_number(loss):
+        raise ConfigError(
+            f"--model {spec!r}: loss_and_grad(params, x, y) returned a loss that is not a "
+            f"finite number ({kind_of(loss)})"
+        )
+    if not isinstance(grads, dict) or grads.keys() != params.keys():
+        names = sorted(map(str, grads))[:5] if isinstance(grads, dict) else kind_of(grads)
+        raise ConfigError(
+            f"--model {spec!r}: loss_and_grad(params, x, y) returned gradients {names} for "
+            f"parameters {sorted(params)[:5]}: expected one array per parameter, by its name"
+        )
+    for name, a in params.items():
+        g = grads[name]
+        if getattr(g, "shape", None) != a.shape:
+            raise ConfigError(
+                f"--model {spec!r}: loss_and_grad(params, x, y) returned a gradient of "
+                f"{name!r} shaped {getattr(g, 'shape', kind_of(g))}, its parameter {a.shape}"
+            )
+    scores = _answer(model, "evaluate", spec, params, x, y)
+    if not isinstance(scores, tuple | list) or len(scores) != 2:
+        raise ConfigError(
+            f"--model {spec!r}: evaluate(params, x, y) returned {kind_of(scores)}: expected "
+            "(loss, accuracy), two numbers"
+        )
 
 
 NOT_BUILT = (

@@ -206,7 +206,7 @@ def check_inputs(
         require_torch()
     from hopbus.data import shard
     from hopbus.models import build_model
-    from hopbus.models.custom import is_keras_model
+    from hopbus.models.custom import check_numpy_model, is_callable_spec, is_keras_model
 
     data = load_dataset(cfg2.data, cfg2.seed)
     shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
@@ -214,6 +214,9 @@ def check_inputs(
         cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden, device="cpu",
         input_shape=tuple(data.x_train.shape[1:]),
     )  # fmt: skip
+    if is_callable_spec(cfg2.model) and not is_keras_model(model):  # as the workers' loop
+        batch = slice(0, cfg2.batch_size)  # will call it, the user's data as it is
+        check_numpy_model(model, cfg2.model, cfg2.seed, data.x_train[batch], data.y_train[batch])
     if is_keras_model(model):
         if not cfg2.mode.is_hop:
             raise ConfigError(keras_mode_line(f"--model {cfg2.model} (a Keras model)", cfg2.mode))

@@ -201,3 +201,46 @@ def test_a_user_function_that_runs_long_is_said_on_stderr_until_it_returns(capsy
     assert line.startswith("hopbus: --data 'mine:slow' still running after 0 s (Ctrl-C stops it)")
     assert custom.call_user(lambda: 8, "mine:fast", "--data") == 8
     assert "still running" not in capsys.readouterr().err
+
+
+class _Numpy:
+    """A numpy model of the user's: softmax regression, 3 features, 2 classes."""
+
+    name = "mine"
+
+    def init_params(self, seed):
+        return {"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, np.float32)}
+
+    def loss_and_grad(self, p, x, y):
+        return 0.7, {"w": np.ones((3, 2), np.float32), "b": np.ones(2, np.float32)}
+
+    def evaluate(self, p, x, y):
+        return 0.7, 0.5
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"init_params": lambda s, seed: {}}, "init_params(seed) returned an empty dict"),
+        ({"init_params": lambda s, seed: {"w": [1.0]}}, "returned a list for 'w'"),
+        ({"loss_and_grad": lambda s, p, x, y: [0.7, [1]]}, "returned gradients a list"),
+        ({"loss_and_grad": lambda s, p, x, y: 0.7}, "returned a float: expected (loss, gradients)"),
+        ({"loss_and_grad": lambda s, p, x, y: ("x", {})}, "a loss that is not a finite number"),
+        ({"loss_and_grad": lambda s, p, x, y: (1.0, {"w": np.ones(3), "b": np.ones(2)})},
+         "a gradient of 'w' shaped (3,), its parameter (3, 2)"),
+        ({"evaluate": lambda s, p, x, y: None}, "evaluate(params, x, y) returned None"),
+        ({"evaluate": lambda s, p, x, y: 1 / 0}, "its evaluate() raised ZeroDivisionError"),
+    ],
+)  # fmt: skip
+def test_a_numpy_model_that_returns_the_wrong_thing_is_one_line_before_the_run(change, said):
+    """Fault ``odd_numpy_model``: --model FILE.py:F returning a numpy model whose methods
+    return the wrong things failed in the workers, with a traceback through hopbus's own
+    files (optim.py) and exit status 1; it is now refused before any process starts."""
+    from hopbus.models.custom import check_numpy_model
+
+    model = type("Odd", (_Numpy,), change)()
+    x, y = np.zeros((4, 3), np.float32), np.zeros(4, np.int64)
+    with pytest.raises(ConfigError) as caught:
+        check_numpy_model(model, "m.py:f", 0, x, y)
+    assert said in str(caught.value) and str(caught.value).startswith("--model 'm.py:f': ")
+    check_numpy_model(_Numpy(), "m.py:f", 0, x, y)  # the same, as it should be: no refusal
