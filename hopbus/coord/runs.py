@@ -174,8 +174,9 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     killed with the laptop lid never wrote "finished"; a run followed by nobody has nobody
     to write it): ``finished`` when every worker's final report counts (coord/read.py),
     those declared dead aside (a backup run goes on without them), ``failed`` when the run
-    was stopped, ``running`` while some node's heartbeat is alive, or the heartbeat of the
-    hopbus train or launch that starts them (``keys.launcher``: its workers may be loading),
+    was stopped, ``running`` while some node's heartbeat is alive, or, before any of them
+    started, the heartbeat of the hopbus train or launch that starts them (``keys.launcher``:
+    its workers may be loading),
     ``failed`` too when it started but nothing beats any more and a node said it failed
     (``said_why``: a worker that gave up waiting for one that never came), ``abandoned``
     when it started (a counter, or a registered endpoint) and nothing beats any more and no
@@ -212,11 +213,16 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "finished"
     if stopped:
         return "failed"
-    if launcher or any(read.beating(b, t) for b, t in zip(beats, ttls, strict=True)):
+    started = any(c is not None for c in counters) or bool(registered)
+    # the launcher's beat counts while its workers load (nothing of theirs is there yet); once
+    # they started, theirs tell: a launcher killed with its workers beats on for a TTL
+    if (launcher and not started) or any(
+        read.beating(b, t) for b, t in zip(beats, ttls, strict=True)
+    ):
         return "running"
     if recorded == "stopped":
         return recorded
-    if any(c is not None for c in counters) or registered or recorded == "running":
+    if started or recorded == "running":
         said = said_why(client, keys, workers + 1).values()
         return "failed" if any(kind == "error" for kind, _ in said) else "abandoned"
     return recorded

@@ -747,7 +747,10 @@ def test_a_run_whose_workers_are_still_loading_is_running(redis_url, redis_clien
     assert snap["status"] == "running", snap["status"]
     refused = hopbus("clean", "--run", run, "--redis", redis_url)
     assert refused.returncode == 2 and "its launcher's, is alive" in refused.stderr
-    redis_client.delete(keys.launcher)  # the launcher gone, before any worker came
+    redis_client.set(keys.iter(0), 7)  # a worker started, and its heartbeat is gone: the
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "abandoned", snap["status"]  # launcher's beat no longer tells
+    redis_client.delete(keys.iter(0), keys.launcher)  # the launcher gone, before any worker
     snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
     assert snap["status"] == "abandoned", snap["status"]
     assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
