@@ -245,50 +245,40 @@ def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
     fail later, with a traceback through hopbus's own files)."""
     import numpy as np
 
-    expected = "a dict of names to float numpy arrays"
+    def refused(call: str, what: str) -> ConfigError:
+        return ConfigError(f"--model {spec!r}: {call} returned {what}")
+
+    init, step = "init_params(seed)", "loss_and_grad(params, x, y)"
+    expected = "expected a dict of names to float numpy arrays"
     params = _answer(model, "init_params", spec, seed)
     if not isinstance(params, dict) or not params:
         got = "an empty dict" if isinstance(params, dict) else kind_of(params)
-        raise ConfigError(
-            f"--model {spec!r}: init_params(seed) returned {got}: expected {expected}"
-        )
+        raise refused(init, f"{got}: {expected}")
     for name, a in params.items():
         if not isinstance(name, str) or not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             what = kind_of(a) if not isinstance(a, np.ndarray) else f"a {a.dtype} array"
-            raise ConfigError(
-                f"--model {spec!r}: init_params(seed) returned {what} for {str(name)[:40]!r}: "
-                f"expected {expected}"
-            )
+            raise refused(init, f"{what} for {str(name)[:40]!r}: {expected}")
     out = _answer(model, "loss_and_grad", spec, params, x, y)
     if not isinstance(out, tuple | list) or len(out) != 2:
-        raise ConfigError(
-            f"--model {spec!r}: loss_and_grad(params, x, y) returned {kind_of(out)}: expected "
-            "(loss, gradients), a number and a dict like the parameters"
-        )
+        raise refused(step, f"{kind_of(out)}: expected (loss, gradients), a number and a dict")
     loss, grads = out
     if not _a_number(loss):
-        raise ConfigError(
-            f"--model {spec!r}: loss_and_grad(params, x, y) returned a loss that is not a "
-            f"finite number ({kind_of(loss)})"
-        )
+        raise refused(step, f"a loss that is not a finite number ({kind_of(loss)})")
     if not isinstance(grads, dict) or grads.keys() != params.keys():
         names = sorted(map(str, grads))[:5] if isinstance(grads, dict) else kind_of(grads)
-        raise ConfigError(
-            f"--model {spec!r}: loss_and_grad(params, x, y) returned gradients {names} for "
-            f"parameters {sorted(params)[:5]}: expected one array per parameter, by its name"
+        raise refused(
+            step,
+            f"gradients {names} for parameters {sorted(params)[:5]}: expected one array per "
+            "parameter, by its name",
         )
     for name, a in params.items():
-        g = grads[name]
-        if getattr(g, "shape", None) != a.shape:
-            raise ConfigError(
-                f"--model {spec!r}: loss_and_grad(params, x, y) returned a gradient of "
-                f"{name!r} shaped {getattr(g, 'shape', kind_of(g))}, its parameter {a.shape}"
-            )
-    scores = _answer(model, "evaluate", spec, params, x, y)
-    if not isinstance(scores, tuple | list) or len(scores) != 2:
-        raise ConfigError(
-            f"--model {spec!r}: evaluate(params, x, y) returned {kind_of(scores)}: expected "
-            "(loss, accuracy), two numbers"
+        if (shape := getattr(grads[name], "shape", None)) != a.shape:
+            got = shape if shape is not None else kind_of(grads[name])
+            raise refused(step, f"a gradient of {name!r} shaped {got}, its parameter {a.shape}")
+    scored = _answer(model, "evaluate", spec, params, x, y)
+    if not isinstance(scored, tuple | list) or len(scored) != 2:
+        raise refused(
+            "evaluate(params, x, y)", f"{kind_of(scored)}: expected (loss, accuracy), two numbers"
         )
 
 
