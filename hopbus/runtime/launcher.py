@@ -319,7 +319,7 @@ def _last_line(path: Path) -> str:
     and place, else its last lines (``last_words.cause``; of the resumed part only, in a
     resumed run's log), control characters out."""
     try:
-        with path.open("rb") as fh:  # its end only: a log may hold gigabytes of a script's
+        with path.open("rb") as fh:  # its end only: a script may have written gigabytes
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(0, size - LOG_TAIL_BYTES))
             text = fh.read().decode(errors="replace")
