@@ -25,6 +25,8 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number(token: bytes) -> float | None:
+    if b"_" in token:  # Python's float reads 1_0 as 10; svmlight's C readers stop at the _
+        return None
     try:
         return float(token)
     except ValueError:
@@ -68,19 +70,39 @@ def _problem(line: bytes) -> str | None:
     return None
 
 
-def first_problem(path: Path) -> str:
+def _first_bad(path: Path, only: bytes = b"") -> str | None:
     """Where and what the first bad line of an svmlight file is (``line 3: ...``), read line by
-    line: the error path only, so a large file is scanned only when it is refused. The file's
-    content is never quoted (it may be anything: a secret, a binary)."""
+    line; None if every line is good. ``only``: look only at lines that hold these bytes. The
+    file's content is never quoted (it may be anything: a secret, a binary)."""
     try:
         with path.open("rb") as fh:
             for number, line in enumerate(fh, start=1):
-                why = _problem(line)
-                if why is not None:
+                if only in line and (why := _problem(line)) is not None:
                     return f"line {number}: {why}"
     except OSError as exc:
         return exc.strerror or type(exc).__name__
-    return "its format is not svmlight's (label index:value ...)"
+    return None
+
+
+def first_problem(path: Path) -> str:
+    """``_first_bad``, for a file the parser refused: the error path only, so a large file is
+    scanned only when it is refused."""
+    return _first_bad(path) or "its format is not svmlight's (label index:value ...)"
+
+
+def _underscored(path: Path) -> str | None:
+    """The first line whose numbers hold an underscore, which scikit-learn's parser reads as
+    Python does (``1_0`` as 10) and svmlight's own readers refuse: one pass of memchr over
+    the file, and a line by line look only where one is found (a comment may hold one)."""
+    import mmap
+
+    try:
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m.find(b"_") < 0:
+                return None
+    except (OSError, ValueError):  # an empty file cannot be mapped: nothing to find
+        return None
+    return _first_bad(path, only=b"_")
 
 
 def _read(path: str) -> tuple[Any, np.ndarray]:
@@ -106,6 +128,8 @@ def _read(path: str) -> tuple[Any, np.ndarray]:
         raise DataError(f"svmlight file {path!r} has no samples")
     if not (np.isfinite(x.data).all() and np.isfinite(y).all()):
         raise DataError(f"svmlight file {path!r}, {first_problem(p)}")
+    if (why := _underscored(p)) is not None:
+        raise DataError(f"svmlight file {path!r}, {why}")
     return x.tocsr(), y
 
 

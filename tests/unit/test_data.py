@@ -169,12 +169,14 @@ def test_svmlight_refusals_name_the_file(tmp_path: Path) -> None:
             "field 3's index is not above the one before (indices go up, once each)",
         ),
         ("1 +1:0.5 -1:2", "field 3 has a negative index"),  # a sign the parser takes
+        ("1 1:0.5 2:1_0", "field 3 has a value that is not a number"),  # not 10, as Python has it
+        ("1_0 1:0.5", "its label is not a number"),
     ],
 )
 def test_svmlight_lines_the_parser_refuses_are_named(tmp_path: Path, line: str, why: str) -> None:
     """Faults ``float32_overflow``, ``duplicate_index``, ``unsorted_index``, ``huge_index``: the
     line and the field at fault, where the refusal said only "not svmlight's format"."""
-    path = write(tmp_path / "x.txt", f"1 1:1 2:2\n-1 -0:1 +1:2\n{line}\n")  # line 2 is good
+    path = write(tmp_path / "x.txt", f"1 1:1 2:2\n-1 -0:1 +1:2 # a_note\n{line}\n")  # 2 is good
     assert refused(f"svmlight:{path}") == f"svmlight file {path!r}, line 3: {why}"
 
 
