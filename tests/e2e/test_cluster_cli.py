@@ -104,7 +104,9 @@ def test_password_never_shown(tmp_path):
 
 def test_worker_of_a_run_that_does_not_exist(redis_url):
     p = hopbus("worker", "--run", "nobody", "--id", "0", "--redis", redis_url, "--timeout", "1")
-    assert "run 'nobody' has no configuration in Redis" in _one_line_error(p, 2)
+    where = redis_url.removeprefix("redis://").split("/")[0]
+    line = _one_line_error(p, 2)
+    assert f"run 'nobody' has no configuration in the Redis at {where} " in line, line
 
 
 def test_inspect_then_clean_a_finished_run(redis_url, tmp_path):
