@@ -19,7 +19,12 @@ from hopbus.data import Batches, Dataset, load_dataset, shard
 from hopbus.errors import ConfigError
 from hopbus.heterogeneity import Heterogeneity
 from hopbus.models import SGD, Model, Params, build_model
-from hopbus.models.custom import is_callable_spec, is_keras_model, keras_mode_line
+from hopbus.models.custom import (
+    check_numpy_model,
+    is_callable_spec,
+    is_keras_model,
+    keras_mode_line,
+)
 from hopbus.runtime.checkpoint import CheckpointError, WorkerState
 
 EVAL_LIMIT = 2000  # test examples used by periodic evaluations (the final one uses all)
@@ -79,6 +84,9 @@ class Trainer:
                 raise ConfigError(keras_mode_line(cfg.model, cfg.mode))
             if not is_callable_spec(cfg.model):
                 data = flat(data)  # hopbus's own models take one flat row per sample
+        if is_callable_spec(cfg.model):  # a user's numpy model, as hopbus train looked at it
+            few = slice(0, cfg.batch_size)  # (a compose or multi-host run's, not there)
+            check_numpy_model(model, cfg.model, cfg.seed, data.x_train[few], data.y_train[few])
         x, y = shard(data, worker, cfg.workers, cfg.seed)
         self.batches = Batches(x, y, cfg.batch_size, seed=cfg.seed * 100_003 + worker)
         self.x_test, self.y_test = data.x_test, data.y_test

@@ -150,3 +150,70 @@ def test_a_worker_that_hangs_before_its_report_is_named(redis_url, tmp_path):
     assert proc.returncode == 130, lines[-5:]
     note = next(line for line in lines if said in line)
     assert "Ctrl-C stops it" in note, note
+
+
+NUMPY_MODELS = '''
+import numpy as np
+
+
+class Softmax:
+    """Softmax regression on flattened rows, as a user writes one."""
+
+    name = "mine"
+
+    def __init__(self, n_features, n_classes):
+        self.shape = (n_features, n_classes)
+
+    def init_params(self, seed):
+        return {"w": np.zeros(self.shape, np.float32), "b": np.zeros(self.shape[1], np.float32)}
+
+    def loss_and_grad(self, p, x, y):
+        x = x.reshape(len(x), -1)
+        z = x @ p["w"] + p["b"]
+        e = np.exp(z - z.max(1, keepdims=True))
+        pr = e / e.sum(1, keepdims=True)
+        loss = float(-np.log(pr[np.arange(len(y)), y] + 1e-9).mean())
+        pr[np.arange(len(y)), y] -= 1
+        pr /= len(y)
+        return loss, {"w": (x.T @ pr).astype(np.float32), "b": pr.sum(0).astype(np.float32)}
+
+    def evaluate(self, p, x, y):
+        x = x.reshape(len(x), -1)
+        return 0.0, float(((x @ p["w"] + p["b"]).argmax(1) == y).mean())
+
+
+class Renamed(Softmax):
+    def loss_and_grad(self, p, x, y):
+        loss, g = super().loss_and_grad(p, x, y)
+        return loss, {"W": g["w"], "b": g["b"]}
+
+
+def good(n_features, n_classes):
+    return Softmax(n_features, n_classes)
+
+
+def renamed(n_features, n_classes):
+    return Renamed(n_features, n_classes)
+'''
+
+
+def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url, tmp_path):
+    """--model FILE.py:F with a numpy model of the user's: it trains in every worker; one
+    whose gradients are named unlike its parameters is refused before any worker starts
+    (fault ``odd_numpy_model``: it failed in the workers, through hopbus's optimizer)."""
+    code = tmp_path / "mine.py"
+    code.write_text(NUMPY_MODELS)
+    p, s = train(redis_url, tmp_path / "good", "-n", "2", "--iterations", "40",
+                 "--model", f"{code}:good", "--json")  # fmt: skip
+    assert p.returncode == 0 and s is not None and s["finished"], p.stderr
+    assert s["final_accuracy"] > 0.5, s["final_accuracy"]
+    p, s = train(redis_url, tmp_path / "bad", "-n", "2", "--iterations", "40",
+                 "--model", f"{code}:renamed", "--json")  # fmt: skip
+    assert p.returncode == 2 and s is None, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line == (
+        f"hopbus: error: --model '{code}:renamed': loss_and_grad(params, x, y) returned "
+        "gradients ['W', 'b'] for parameters ['b', 'w']: expected one array per parameter, "
+        "by its name"
+    )
+    assert not (tmp_path / "bad").exists()
