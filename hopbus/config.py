@@ -206,6 +206,10 @@ class RunConfig(BaseModel):
     @field_validator("data_dir")
     @classmethod
     def _data_dir_with_cifar10(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from hopbus.models.custom import SCRIPT
+
+        if info.data.get("model") == SCRIPT:  # a script's run: its data is its own (unused)
+            return v
         data = str(info.data.get("data", ""))
         if v is not None and data.strip().lower() != f"cifar10:{v}".lower():
             raise ValueError(f"the CIFAR-10 folder of --data cifar10, not of --data {data}")

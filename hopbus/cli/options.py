@@ -426,7 +426,10 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
     from hopbus.models.custom import SCRIPT
 
     if getattr(cfg, "model", None) == SCRIPT:  # hopbus create --model script: launch's run
-        own = [flag_of(f) for f in OWN_MODEL_FIELDS if f != "model" and given.get(f) is not None]
+        refused = ("model", "checkpoint_every")  # checkpoints: refused, saying why
+        own = [
+            flag_of(f) for f in OWN_MODEL_FIELDS if f not in refused and given.get(f) is not None
+        ]
         if own:
             warnings.warn(
                 f"{', '.join(own)} {'has' if len(own) == 1 else 'have'} no effect with --model "

@@ -80,7 +80,13 @@ def kind_of(obj: Any) -> str:
     if obj is None:
         return "None"
     name = type(obj).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    if name == "ndarray":
+        return f"{_article(str(obj.dtype))} {obj.dtype} numpy array"
+    return f"{_article(name)} {name}"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def is_callable_spec(spec: str) -> bool:
@@ -163,6 +169,11 @@ def _import(module_name: str, flag: str, spec: str) -> Any:
     return importlib.import_module(module_name)
 
 
+def _prints_aside() -> contextlib.AbstractContextManager[Any]:
+    """What the user's Python code prints, on stderr instead of stdout."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> Any:
     """``fn`` called with those of ``offered`` its signature names; its exception as one line."""
     try:
@@ -183,8 +194,9 @@ def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> A
             f"{gives}; the function takes those it names)"
         )
     try:
-        # building a Keras model starts TensorFlow's runtime
-        with native_notices_hidden(), told_while_long(f"{flag} {spec!r}"):
+        # building a Keras model starts TensorFlow's runtime; what the user's code prints goes
+        # to stderr: stdout is the command's (one JSON object under --json)
+        with native_notices_hidden(), told_while_long(f"{flag} {spec!r}"), _prints_aside():
             return fn(**kwargs)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | ConfigError):
@@ -223,7 +235,8 @@ def check_model(obj: Any, spec: str) -> Any:
 def _answer(model: Any, method: str, spec: str, *args: Any) -> Any:
     """``model.method(*args)``; its exception as one line naming the method."""
     try:
-        with native_notices_hidden():
+        long = told_while_long(f"--model {spec!r}: {method}()")
+        with native_notices_hidden(), long, _prints_aside():
             return getattr(model, method)(*args)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
@@ -256,8 +269,7 @@ def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
         raise refused(init, f"{got}: {expected}")
     for name, a in params.items():
         if not isinstance(name, str) or not isinstance(a, np.ndarray) or a.dtype.kind != "f":
-            what = kind_of(a) if not isinstance(a, np.ndarray) else f"a {a.dtype} array"
-            raise refused(init, f"{what} for {str(name)[:40]!r}: {expected}")
+            raise refused(init, f"{kind_of(a)} for {str(name)[:40]!r}: {expected}")
     out = _answer(model, "loss_and_grad", spec, params, x, y)
     if not isinstance(out, tuple | list) or len(out) != 2:
         raise refused(step, f"{kind_of(out)}: expected (loss, gradients), a number and a dict")
@@ -275,11 +287,20 @@ def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
         if (shape := getattr(grads[name], "shape", None)) != a.shape:
             got = shape if shape is not None else kind_of(grads[name])
             raise refused(step, f"a gradient of {name!r} shaped {got}, its parameter {a.shape}")
+        if not isinstance(grads[name], np.ndarray) or grads[name].dtype.kind != "f":
+            raise refused(
+                step, f"{kind_of(grads[name])} as the gradient of {name!r}: expected float ones"
+            )
+    evaluate = "evaluate(params, x, y)"
     scored = _answer(model, "evaluate", spec, params, x, y)
     if not isinstance(scored, tuple | list) or len(scored) != 2:
-        raise refused(
-            "evaluate(params, x, y)", f"{kind_of(scored)}: expected (loss, accuracy), two numbers"
-        )
+        raise refused(evaluate, f"{kind_of(scored)}: expected (loss, accuracy), two numbers")
+    for what, value in zip(("loss", "accuracy"), scored, strict=True):
+        if value is not None and not _a_number(value):
+            raise refused(evaluate, f"{kind_of(value)} as its {what}: expected a number")
+    accuracy = scored[1]
+    if accuracy is not None and not 0.0 <= float(accuracy) <= 1.0:
+        raise refused(evaluate, f"an accuracy of {float(accuracy):g}: expected one in [0, 1]")
 
 
 NOT_BUILT = (

@@ -349,9 +349,10 @@ def prune(folder: Path, worker: int, keep: int | None) -> list[Path]:
 
 def _what(path: Path) -> str:
     """What stands at ``path`` where a checkpoint file should, in words."""
+    kind = "a directory" if path.is_dir() else "a special file (a FIFO, a socket or a device)"
     if path.is_symlink():
-        return "a symbolic link"
-    return "a directory" if path.is_dir() else "not a regular file"
+        return f"a symbolic link to {kind}" if path.exists() else "a dangling symbolic link"
+    return kind
 
 
 def newer_than(folder: Path, workers: Sequence[int], iteration: int) -> list[Path]:

@@ -44,15 +44,17 @@ ERROR_PREFIX = "hopbus: error: "
 
 def said(lines: list[str]) -> str | None:
     """The process's own one-line account of its failure (hopbus's ``hopbus: error:``
-    line, without the prefix), where it is its last word: a traceback after it is a later
-    failure (that line came from something else it ran, a ``hopbus inspect`` say), and
-    ``cause`` tells that one. None if there is none."""
+    line, without the prefix), where it is its last word (hopbus's own notes aside): any
+    other output after it (a traceback, the script's own last words) means that line came
+    from something else it ran, a ``hopbus inspect`` say, and ``cause`` tells the rest.
+    None if there is none."""
     at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(ERROR_PREFIX)), None)
-    if at is None or any(line.startswith(_HEADER) for line in lines[at + 1 :]):
+    if at is None or any(not line.startswith(_OURS) for line in lines[at + 1 :] if line.strip()):
         return None
     return lines[at][len(ERROR_PREFIX) :]
 
 
+_OURS = "hopbus: "
 _HEADER = "Traceback (most recent call"
 
 

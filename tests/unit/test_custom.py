@@ -229,6 +229,13 @@ class _Numpy:
         ({"loss_and_grad": lambda s, p, x, y: (1.0, {"w": np.ones(3), "b": np.ones(2)})},
          "a gradient of 'w' shaped (3,), its parameter (3, 2)"),
         ({"evaluate": lambda s, p, x, y: None}, "evaluate(params, x, y) returned None"),
+        ({"evaluate": lambda s, p, x, y: ("low", "high")}, "returned a str as its loss"),
+        ({"evaluate": lambda s, p, x, y: (0.7, 7.5)}, "an accuracy of 7.5: expected one in"),
+        ({"loss_and_grad": lambda s, p, x, y: (0.7, {"w": np.ones((3, 2), np.int64),
+                                                      "b": np.ones(2, np.float32)})},
+         "returned an int64 numpy array as the gradient of 'w': expected float ones"),
+        ({"loss_and_grad": lambda s, p, x, y: (np.array([0.7]), {})},
+         "a loss that is not a finite number (a float64 numpy array)"),
         ({"evaluate": lambda s, p, x, y: 1 / 0}, "its evaluate() raised ZeroDivisionError"),
     ],
 )  # fmt: skip
@@ -244,3 +251,18 @@ def test_a_numpy_model_that_returns_the_wrong_thing_is_one_line_before_the_run(c
         check_numpy_model(model, "m.py:f", 0, x, y)
     assert said in str(caught.value) and str(caught.value).startswith("--model 'm.py:f': ")
     check_numpy_model(_Numpy(), "m.py:f", 0, x, y)  # the same, as it should be: no refusal
+
+
+def test_what_a_numpy_models_methods_print_goes_to_stderr(capsys):
+    """Fault ``printing_model``: a model whose methods print wrote into hopbus train's stdout,
+    which under --json must hold one JSON object."""
+    from hopbus.models.custom import check_numpy_model
+
+    class Loud(_Numpy):
+        def evaluate(self, p, x, y):
+            print("evaluating")
+            return 0.7, 0.5
+
+    check_numpy_model(Loud(), "m.py:f", 0, np.zeros((4, 3), np.float32), np.zeros(4, np.int64))
+    out, err = capsys.readouterr()
+    assert out == "" and "evaluating" in err

@@ -117,7 +117,8 @@ def test_an_error_line_is_the_scripts_account_only_as_its_last_word():
 
     mine = ["loading", "hopbus: error: worker 1: log(): unknown metric 'val_acc'"]
     assert said(mine) == "worker 1: log(): unknown metric 'val_acc'"
-    assert said([*mine, "some note at exit"]) == "worker 1: log(): unknown metric 'val_acc'"
+    assert said([*mine, "hopbus: worker 1 left the run", ""]) == mine[1][len("hopbus: error: ") :]
+    assert said([*mine, "myscript: fatal: disk full"]) is None  # the script's own last word
     crashed = [
         "hopbus: error: no run 'x' in this Redis",
         "Traceback (most recent call last):",
