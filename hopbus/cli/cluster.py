@@ -19,7 +19,7 @@ from hopbus.cli.commands import _emit_json, app
 from hopbus.config import OWN_MODEL_FIELDS, TrainConfig
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
-from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
+from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
 from hopbus.runtime import interrupts
 from hopbus.runtime.address import DEFAULT_BIND, auto_address, resolve_advertise  # noqa: F401 (auto_address: re-exported)
 
@@ -695,7 +695,6 @@ def inspect_cmd(
     events. Reads Redis only; works while the run goes on and after it ended."""
     from redis import ResponseError
 
-    from hopbus.coord import read
     from hopbus.coord.client import connect
     from hopbus.coord.runs import list_runs as runs_in
     from hopbus.coord.snapshot import snapshot
@@ -719,14 +718,23 @@ def inspect_cmd(
     try:
         snap = snapshot(client, keys, last=last, url=redis)
     except ResponseError as exc:  # WRONGTYPE, say: which key, as Redis's refusal does not say
-        raise ConfigError(
-            f"run {run}: Redis refused a read ({read.refusal(exc)})"
-            + (f"; {named}" if (named := _misplaced(client, keys)) else "")
-        ) from None
+        raise refused_read(client, keys, exc) from None
     if as_json:
         _emit_json(snap)
     else:
         render.inspect(Console(), snap)
+
+
+def refused_read(client: Redis, keys: RunKeys, exc: Exception) -> ConfigError:
+    """A reader's refusal (inspect, top) in one line: what Redis said and, as a WRONGTYPE
+    names no key, which of the run's keys hold another type than hopbus keeps there."""
+    from hopbus.coord import read
+
+    named = _misplaced(client, keys)
+    return ConfigError(
+        f"run {keys.run}: Redis refused a read ({read.refusal(exc)})"
+        + (f"; {named}" if named else "")
+    )
 
 
 def _misplaced(client: Redis, keys: RunKeys) -> str:

@@ -116,17 +116,23 @@ def top_cmd(
     * **jumps**: iteration jumps so far (--skip-max);
     * **hb**: heartbeat: alive, finished, gone (expired), not started.
     """
+    from redis import ResponseError
+
+    from hopbus.cli.cluster import refused_read
     from hopbus.coord.client import connect
     from hopbus.coord.keys import RunKeys
     from hopbus.coord.top import TopReader, pick_run
     from hopbus.runtime.node import redis_failures
 
     client = connect(redis or DEFAULT_URL, timeout=5)
-    # a refusal (a broker ACL without a command, a key of another type): one line
     with redis_failures("hopbus top", run or "?", redis or DEFAULT_URL):
-        reader = TopReader(client, RunKeys(pick_run(client, run)))
-        frame = reader.frame()  # unknown run: one line before anything is drawn
-        _show(reader, frame, once=once, interval=interval)
+        keys = RunKeys(pick_run(client, run))
+        try:
+            reader = TopReader(client, keys, url=redis)
+            frame = reader.frame()  # unknown run: one line before anything is drawn
+            _show(reader, frame, once=once, interval=interval)
+        except ResponseError as exc:  # a key of another type, an ACL's refusal: as inspect
+            raise refused_read(client, keys, exc) from None
 
 
 def _show(reader: Any, frame: Any, *, once: bool, interval: float) -> None:

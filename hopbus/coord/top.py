@@ -92,9 +92,17 @@ def _ms(entry_id: str) -> int:
 class TopReader:
     """Gathers ``TopView`` frames of one run; keep one per run and call ``frame()`` often."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, *, window_s: float = RATE_WINDOW_S):
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        *,
+        window_s: float = RATE_WINDOW_S,
+        url: str | None = None,
+    ) -> None:
         self.r = client
         self.keys = keys
+        self.url = url  # the Redis named, for the command an unknown run's refusal suggests
         self.window_ms = int(window_s * 1000)
         self._after = "0-0"
         self._seen: dict[int, _Seen] = {}
@@ -134,7 +142,7 @@ class TopReader:
 
     def frame(self) -> TopView:
         snap = snapshot(
-            self.r, self.keys, last=0, types=False
+            self.r, self.keys, last=0, types=False, url=self.url
         )  # raises RunStateError for an unknown run
         cfg, topo = self._topology(snap["config"])
         self._catch_up()

@@ -8,7 +8,7 @@ import sys
 import time
 
 import redis
-from cluster import clean_env, train_args
+from cluster import clean_env, hopbus, train_args
 
 from hopbus.coord.keys import RunKeys
 
@@ -116,3 +116,22 @@ def test_top_without_run_lists_the_runs_when_there_are_several(redis_url):
         client.close()
     line = _one_line_error(p, 2)
     assert "top-list-a" in line and "top-list-b" in line and "--run" in line
+
+
+def test_top_refuses_a_run_as_inspect_does(redis_url):
+    """A run one of whose keys holds another type than hopbus keeps there: top said it with
+    exit status 1 and inspect with 2; both now say 2, naming the key. An unknown run's line
+    names the Redis to list runs in, as inspect's does."""
+    client = redis.Redis.from_url(redis_url)
+    run = "top-wrongtype"
+    assert hopbus("create", "--run", run, "-n", "2", "--redis", redis_url).returncode == 0
+    client.delete(f"hop:{{{run}}}:launcher")
+    client.hset(f"hop:{{{run}}}:launcher", "x", "1")  # a hash where a string beats
+    lines = []
+    for command in ("top", "inspect"):
+        p = hopbus(command, "--run", run, "--redis", redis_url, *(["--once"] * (command == "top")))
+        lines.append(_one_line_error(p, 2))
+    assert lines[0] == lines[1] and f"hop:{{{run}}}:launcher (a hash" in lines[0], lines
+    p = _top("--run", "no-such-run", "--redis", redis_url, "--once")
+    assert f"hopbus inspect --list --redis {redis_url}" in _one_line_error(p, 2)
+    assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
