@@ -245,7 +245,6 @@ def _resume_cmd(
     """``hopbus train --resume RUN``: the run's own settings, so no other run flag (but the
     key folder of a --curve run, which its config.toml records as curve = true only)."""
     from hopbus.config import flag_of
-    from hopbus.errors import ConfigError
     from hopbus.runtime.launcher import check_curve, plan_resume, resume
 
     extra = [flag_of(k) for k, v in other.items() if v is not None and k != "timeout"]
@@ -616,7 +615,6 @@ def _script_worker(
     advertise: str | None, **settings: Any,
 ) -> None:  # fmt: skip
     """``hopbus worker -- COMMAND``: the script as this worker (hopbus/runtime/command.py)."""
-    from hopbus.errors import ConfigError
     from hopbus.runtime.command import run_command
 
     if checkpoint:
@@ -698,7 +696,6 @@ def inspect_cmd(
     from hopbus.coord.client import connect
     from hopbus.coord.runs import list_runs as runs_in
     from hopbus.coord.snapshot import snapshot
-    from hopbus.errors import ConfigError
 
     if last < 0:
         raise ConfigError(f"--last must be 0 or more (got {last})")
@@ -768,7 +765,6 @@ def clean_cmd(
 
     from hopbus.coord.client import connect
     from hopbus.coord.runs import clean_run, status_of
-    from hopbus.errors import ConfigError
 
     client = connect(redis or DEFAULT_URL, timeout=5)
     keys = RunKeys(run)

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from hopbus.config import TrainConfig, make_config
+from hopbus.coord import read
 from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import RunStateError, list_runs
 from hopbus.coord.snapshot import snapshot
@@ -85,10 +86,6 @@ class _Seen:
     recent: deque[tuple[int, int, int]] = field(default_factory=deque)  # (ms, start, to)
 
 
-def _ms(entry_id: str) -> int:
-    return int(entry_id.split("-", 1)[0])
-
-
 class TopReader:
     """Gathers ``TopView`` frames of one run; keep one per run and call ``frame()`` often."""
 
@@ -122,7 +119,7 @@ class TopReader:
         while True:
             got = read_entries(self.r, self.keys.progress, self._after, count=STREAM_CHUNK)
             for entry_id, rec in got:
-                ms = _ms(entry_id)
+                ms = read.stream_id(entry_id)[0]
                 if rec is None:  # malformed (coord/read.py): not shown
                     self.malformed += 1
                     continue

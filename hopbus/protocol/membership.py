@@ -83,11 +83,7 @@ def bounds_without(topo: Topology, setting: GapSetting, dead: Collection[int]) -
 
     n = topo.n
     edges = [(u, v) for u, v in topo.graph.edges if u != v and u not in dead and v not in dead]
-    src, dst = (
-        (np.array(x, dtype=np.int64) for x in zip(*edges, strict=True))
-        if edges
-        else (np.empty(0, np.int64), np.empty(0, np.int64))
-    )
+    src, dst = np.array(edges, dtype=np.int64).reshape(-1, 2).T  # (0, 2) when none is left
     adjacency = csr_array((np.ones(len(src), np.int8), (src, dst)), shape=(n, n))
     dist = shortest_path(adjacency, unweighted=True)  # inf: no live path (or a dead end)
     b = bound_matrix(setting, dist)

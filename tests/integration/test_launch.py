@@ -130,6 +130,21 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("hopbus: error:")]
 
 
+def one_failure(
+    redis_url: str, out: Path, script: Path, fault: str, who: int, *, workers: int,
+    iterations: int = 200,
+) -> tuple[str, str, str]:  # fmt: skip
+    """hopbus launch of the test script on a ring, ``fault`` in worker ``who``: it fails with
+    exit status 1 and one error line. That line, the launcher's stderr and the run id."""
+    p, _, run = launch(
+        redis_url, out, "-n", str(workers), "--topology", "ring", "--iterations", str(iterations),
+        command=[sys.executable, str(script), fault, str(who)],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    (line,) = error_lines(p.stderr)
+    return line, p.stderr, run
+
+
 def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
     out = tmp_path / "run"
     p, s, run = launch(
@@ -230,12 +245,7 @@ def test_a_crash_behind_other_words_is_still_its_cause(redis_url, tmp_path, scri
     was taken for the script's own account (and the run was never told of the crash); the
     second held the whole line in memory and judged the script's last words before they
     came ('it printed nothing on stderr')."""
-    p, _, run = launch(
-        redis_url, tmp_path / "run", "-n", "3", "--topology", "ring", "--iterations", "200",
-        command=[sys.executable, str(script), fault, "1"],
-    )  # fmt: skip
-    assert p.returncode == 1, p.stderr
-    (line,) = error_lines(p.stderr)
+    line, _, run = one_failure(redis_url, tmp_path / "run", script, fault, 1, workers=3)
     assert "worker 1" in line and "ValueError: the real cause (loop.py, line" in line, line
     told = [f.get(b"message", b"").decode() for _, f in
             redis.Redis.from_url(redis_url).xrange(RunKeys(run).events)
@@ -251,13 +261,7 @@ def test_a_script_that_never_joins_or_stops_early_fails_the_run(redis_url, tmp_p
         ("exits_early", "without finishing its part of the run (it joined, and stopped in "
                         "iteration 1"),  # 10, or 11 when its last step had gone out
     ):  # fmt: skip
-        out = tmp_path / fault
-        p, _, _ = launch(
-            redis_url, out, "-n", "3", "--topology", "ring", "--iterations", "200",
-            command=[sys.executable, str(script), fault, "1"],
-        )  # fmt: skip
-        assert p.returncode == 1, p.stderr
-        (line,) = error_lines(p.stderr)
+        line, _, _ = one_failure(redis_url, tmp_path / fault, script, fault, 1, workers=3)
         assert "worker 1" in line and expected in line, line
         assert not processes_mentioning(str(script))
 
@@ -295,14 +299,11 @@ def test_a_script_that_hands_hopbus_bad_values_is_one_line(
     """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``, ``ragged_end``, ``none_end``: a
     script's own values refused where hopbus takes them, naming the call, before they reach
     the run (worker 0's NaN start would have been every worker's)."""
-    p, _, _ = launch(
-        redis_url, tmp_path / "run", "-n", "2", "--topology", "ring", "--iterations", "20",
-        command=[sys.executable, str(script), fault, "0"],
-    )  # fmt: skip
-    assert p.returncode == 1, p.stderr
-    (line,) = error_lines(p.stderr)
+    line, stderr, _ = one_failure(
+        redis_url, tmp_path / "run", script, fault, 0, workers=2, iterations=20
+    )
     assert "worker 0" in line and expected in line, line
-    assert "Traceback" not in p.stderr
+    assert "Traceback" not in stderr
 
 
 def test_workers_whose_models_differ_stop_before_any_training(redis_url, tmp_path, script):
