@@ -427,9 +427,10 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
 
     if getattr(cfg, "model", None) == SCRIPT:  # hopbus create --model script: launch's run
         refused = ("model", "checkpoint_every")  # checkpoints: refused, saying why
-        own = [
-            flag_of(f) for f in OWN_MODEL_FIELDS if f not in refused and given.get(f) is not None
-        ]
+        chosen_own = {  # by a flag, the environment or a config file (not launch's record)
+            f for f in cfg.model_fields_set if getattr(cfg, f) != SCRIPT
+        } | {f for f, v in given.items() if v is not None}
+        own = [flag_of(f) for f in OWN_MODEL_FIELDS if f not in refused and f in chosen_own]
         if own:
             warnings.warn(
                 f"{', '.join(own)} {'has' if len(own) == 1 else 'have'} no effect with --model "

@@ -527,7 +527,7 @@ def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
     assert len(said) == 1 and "worker 1" in said[0], lone.stderr
 
 
-def test_a_created_script_run_says_which_flags_it_ignores(redis_url):
+def test_a_created_script_run_says_which_flags_it_ignores(redis_url, tmp_path):
     """``hopbus create --model script --lr 0.5``: hopbus launch refuses --lr, and create, the
     first step of the same run by hand, took it in silence; it now says so, and records the
     run as launch does (its data the script's, no settings of hopbus's own models)."""
@@ -539,6 +539,14 @@ def test_a_created_script_run_says_which_flags_it_ignores(redis_url):
             in created.stderr), created.stderr  # fmt: skip
     cfg = json.loads(redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "config"))
     assert cfg["model"] == cfg["data"] == "script" and "lr" not in cfg and "device" not in cfg
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
+    # the same settings from a config file are said too; the file's model = "script" is not
+    (tmp_path / "run.toml").write_text('model = "script"\nlr = 0.5\nbatch_size = 8\n')
+    created = hopbus("create", "--run", run, "--config", str(tmp_path / "run.toml"), "--redis",
+                     redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert ("hopbus: warning: --batch-size, --lr have no effect with --model script"
+            in created.stderr), created.stderr  # fmt: skip
     assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
 
 
