@@ -246,7 +246,7 @@ class Replay:
                 self._placed(w)
                 return rec
         if w in self._assumed and it > v.iteration:  # a step it took before the set held it
-            self._assumed_step(w, it, t)
+            self._assumed_step(rec, w, it, t)
             return rec
         if it <= v.iteration or w in self.monitor.gone:  # back, or still there after death
             self.out_of_order += 1
@@ -327,12 +327,16 @@ class Replay:
             self._membership({"dead": 1}, w, it, t - self.t0)
             self._assumed.add(w)
 
-    def _assumed_step(self, w: int, it: int, t: float) -> None:
+    def _assumed_step(self, rec: dict[str, Any], w: int, it: int, t: float) -> None:
         """An entry of worker ``w``, dead by the dead set, read after that set was: a step it
         took before the set held it (the worker cannot advance after), read late. It is where
         ``w`` died, not a step out of order; its gaps were never judged against the others'
-        (Table 1 held them while it was alive, and stopped with its death)."""
+        (Table 1 held them while it was alive, and stopped with its death), but its
+        iterations and their times count in the summary as any worker's (a follower that
+        first read the run after the death had it end in iteration 0)."""
         v = self.views[w]
+        contiguous = it == self.stats.iterations[w] + (rec.get("jump") or 1)
+        (self.stats.enter if contiguous else self.stats.restart)(w, it, t)  # its iterations
         v.iteration, v.t = it, t
         for lost in reversed(self.lost):
             if lost["worker"] == w:

@@ -79,6 +79,9 @@ def test_backup_mode_goes_on_without_a_killed_worker(redis_url, redis_client, tm
     assert s["finished"] and s["failure"] is None
     assert [w["worker"] for w in s["lost_workers"]] == [VICTIM]
     assert s["lost_workers"][0]["iteration"] >= KILL_AT
+    # its iterations count where it died, however late its entries were read
+    assert s["iterations"]["per_worker"][VICTIM] == s["lost_workers"][0]["iteration"]
+    assert s["iter_time_s"]["per_worker"][VICTIM] is not None
     survivors = [w for i, w in enumerate(s["per_worker"]) if i != VICTIM]
     assert all(w["iterations"] == 250 for w in survivors)
     assert min(w["final_accuracy"] for w in survivors) >= 0.9

@@ -127,5 +127,6 @@ def test_a_death_seen_in_the_dead_set_before_its_entries_and_marker():
             r.feed({"worker": w, "iter": k, "t": 12.0 + k})
     assert r.monitor.violations == 0 and r.out_of_order == 0
     assert r.lost == [{"worker": 2, "iteration": 4, "t": 11.0}]
+    assert r.stats.iterations[2] == 4 and r.stats.iter_time()["per_worker"][2] == 11.0 / 4
     r.feed({"worker": 2, "iter": 3, "t": 30.0})  # behind where it died: not taken
     assert r.out_of_order + r.rejected == 1 and r.views[2].iteration == 4
