@@ -35,7 +35,7 @@ import numpy as np
 
 from hopbus.api import Context, join
 from hopbus.errors import RunFailure
-from hopbus.models.custom import NOT_BUILT
+from hopbus.models.custom import NOT_BUILT, unbuilt
 from hopbus.runtime.session import ALIGN
 from hopbus.transport import layout_of
 
@@ -123,6 +123,7 @@ class HopCallback(keras.callbacks.Callback):
         self._stepping = False
         self._applied: dict[str, np.ndarray] | None = None
         self._in_epoch = 0  # batches of the epoch going on, or of the last one
+        self._stopping = False  # this callback ended fit (not EarlyStopping or another)
 
     # -- fit's start and end --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -136,12 +137,13 @@ class HopCallback(keras.callbacks.Callback):
         if self.ctx is None:
             self.ctx = join()
         self._variables, self._names = shared_weights(self.model)
+        self._stopping = False
         if self.ctx.session is not None:  # a second fit: go on from where the run is
             with self.ctx._guard():
                 self._go_on()
             return
         if not self._variables:
-            if not getattr(self.model, "built", True):
+            if unbuilt(self.model):
                 raise RunFailure(f"HopCallback: {NOT_BUILT}")
             raise RunFailure("HopCallback: the model has no floating-point weights to train")
         self._set(self.ctx.start(self._get(), device=keras_device(), overlap=self.overlap))
@@ -149,6 +151,14 @@ class HopCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         ctx = self.ctx
         assert ctx is not None
+        if not ctx.done and self.model.stop_training and not self._stopping:
+            raise RunFailure(
+                f"worker {ctx.worker}: model.fit was stopped after {ctx.node.iteration} of "
+                f"{ctx.iterations} iterations by a callback (model.stop_training, as "
+                "EarlyStopping sets it): one worker cannot leave before the run is done, its "
+                "neighbours wait for its updates; leave such callbacks out of fit and end the "
+                "run with --iterations"
+            )
         if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
             steps = (self.params or {}).get("steps")
             per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""
@@ -187,7 +197,7 @@ class HopCallback(keras.callbacks.Callback):
         assert self.ctx is not None
         self._stepping = self.ctx.begin() is not None
         if not self._stepping:  # the run is done: no more steps
-            self.model.stop_training = True
+            self._stop()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._in_epoch += 1  # a batch begun on data that ran out does not end
@@ -206,7 +216,12 @@ class HopCallback(keras.callbacks.Callback):
             self._set(x)  # the serial order, or a jump: Reduce came after Apply
         self._stepping = False
         if ctx.done:
-            self.model.stop_training = True
+            self._stop()
+
+    def _stop(self) -> None:
+        """End fit: the run is done (a callback that ends it sooner fails the worker)."""
+        self._stopping = True
+        self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}

@@ -304,19 +304,49 @@ def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
 
 
 NOT_BUILT = (
-    "the model is not built yet (it has no keras.Input, so Keras would build it on fit's first "
-    "batch, after every worker must start from the same weights): begin it with "
-    "keras.Input(shape=...), or call model.build((None, *input_shape)) before fit"
+    "the model is not built yet: it has no weights (a model without keras.Input gets them on "
+    "fit's first batch, after every worker must start from the same weights): begin it with "
+    "keras.Input(shape=...), or call it once on a batch before fit, model(x_train[:1]) "
+    "(model.build() makes no weights for a subclassed model's layers)"
 )
 """Why a Keras model with no weights yet cannot join a run (HopCallback's, and --model's
 where building it from the data's shape failed)."""
 
 
+def unbuilt(model: Any) -> bool:
+    """Whether some layer of the Keras ``model`` has no weights yet: the model itself, or one
+    inside it (a subclassed model's ``build()`` marks it built and makes none of its layers')."""
+    seen: set[int] = set()
+    todo = [model]
+    while todo:
+        layer = todo.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if not getattr(layer, "built", True):
+            return True
+        todo.extend(getattr(layer, "layers", None) or ())
+    return False
+
+
 def built_keras(model: Any, spec: str, input_shape: tuple[int, ...]) -> Any:
     """``model``, built for samples of ``input_shape`` if it is a Keras model with no weights
-    yet (one with no keras.Input): hopbus knows the data's shape, so the user need not."""
-    if not is_keras_model(model) or getattr(model, "built", True):
+    yet (one with no keras.Input, a subclassed one): hopbus knows the data's shape, so the
+    user need not. Calling it on a batch of zeros builds every kind (``build()`` does not
+    build a subclassed model's layers, and warns that it cannot)."""
+    if not is_keras_model(model) or not unbuilt(model):
         return model
+    import numpy as np
+
+    try:
+        with native_notices_hidden():
+            model(np.zeros((1, *input_shape), "float32"), training=False)
+    except Exception as exc:
+        raise ConfigError(
+            f"--model {spec!r}: {NOT_BUILT} (calling it on a batch of shape "
+            f"{(1, *input_shape)} raised {_first_line(exc)})"
+        ) from None
+    return model
     try:
         with native_notices_hidden():
             model.build((None, *input_shape))
@@ -349,4 +379,5 @@ __all__ = [
     "keras_mode_line",
     "kind_of",
     "load_callable",
+    "unbuilt",
 ]

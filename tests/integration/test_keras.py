@@ -177,6 +177,11 @@ if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch
     data = tf.data.Dataset.from_tensor_slices((x[:224], y[:224])).batch(32)
     model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
+if sys.argv[1] == "early":  # epochs enough, but EarlyStopping ends fit after 2 of them
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10)
+    model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32, validation_split=0.2),
+              validation_split=0.2, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx), stop])
+    print("after fit")
 fits = 0
 while not ctx.done and (sys.argv[1] == "loop" or (sys.argv[1] == "once" and fits == 0)):
     # 224 rows train, 56 validate: 7 batches an epoch
@@ -190,7 +195,8 @@ print("fits", fits, "epochs", ctx.epochs(len(x), 32, validation_split=0.2))
 def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, tmp_path):
     """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
     fails saying how far it got, in the run's own count, and what to give fit; with a dataset
-    that runs out before its steps_per_epoch, what to do about the data. A script that
+    that runs out before its steps_per_epoch, what to do about the data; stopped by a
+    callback (EarlyStopping), that no worker may leave before the run ends. A script that
     fits one epoch at a time until the run is done (a new callback each time) trains through."""
     script = tmp_path / "short.py"
     script.write_text(SHORT_FIT)
@@ -215,6 +221,11 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
         "model.fit ended after 14 of 50 iterations: its data ran out after 7 batches of an "
         "epoch of 20 (steps_per_epoch): repeat the dataset (dataset.repeat())" in last
     ), last
+    p = run("early")  # a callback stopped fit: said at once, not at exit after more code ran
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "model.fit was stopped after 14 of 50 iterations by a callback" in last, last
+    assert "after fit" not in (tmp_path / "early" / "logs" / "worker-0.log").read_text()
     p = run("loop")
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "loop" / "summary.json").read_text())
@@ -229,8 +240,16 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
 LAZY = """
 import keras, numpy as np
 
+class Net(keras.Model):  # subclassed: build() makes none of its layers' weights
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
 def model():
-    m = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    m = Net()
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     m.compile("adam", loss, metrics=["accuracy"])
     return m
@@ -243,15 +262,18 @@ def data():
 if __name__ == "__main__":
     import hopbus, hopbus.keras
     x, y, _, _ = data()
-    model().fit(x, y, batch_size=32, epochs=5, verbose=0,
-                callbacks=[hopbus.keras.HopCallback(hopbus.join())])
+    m = model()
+    m.build((None, 4))  # what a user tries first: marks it built, makes no weights
+    m.fit(x, y, batch_size=32, epochs=5, verbose=0,
+          callbacks=[hopbus.keras.HopCallback(hopbus.join())])
 """
 
 
 def test_a_keras_model_without_an_input_layer(redis_url, tmp_path):
-    """A Sequential model with no keras.Input has no weights until fit's first batch. From
-    --model, hopbus builds it for the data's shape and trains it; in a script, whose data
-    hopbus does not see, the worker stops with one line saying what to add."""
+    """A subclassed model has no weights until fit's first batch (nor after its build(),
+    which builds none of its layers). From --model, hopbus builds it for the data's shape
+    and trains it; in a script, whose data hopbus does not see, the worker stops with one
+    line saying what to add (not that the model has nothing to train)."""
     lazy = tmp_path / "lazy.py"
     lazy.write_text(LAZY)
     p, s = train(
@@ -260,11 +282,12 @@ def test_a_keras_model_without_an_input_layer(redis_url, tmp_path):
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert s["finished"] and s["violations"] == 0
+    assert "build()" not in p.stderr  # built by a call, without Keras's warning about build()
     args = hopbus_args("launch", "--redis", redis_url, "--run", f"lazy{os.getpid()}", "-n", "2",
                        "--iterations", "20", "--out", str(tmp_path / "script"))  # fmt: skip
     p = subprocess.run([*args, "--", sys.executable, str(lazy)], capture_output=True,
                        text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
     assert p.returncode == 1, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert "the model is not built yet" in last and "keras.Input(shape=...)" in last, last
+    assert "the model is not built yet" in last and "model(x_train[:1])" in last, last
     assert "Traceback" not in p.stderr

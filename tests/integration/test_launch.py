@@ -49,6 +49,13 @@ if fault == "never_joins" and os.environ["HOPBUS_ID"] == str(who):
 if fault == "hangs_before_join":  # every copy: e.g. a download that never ends
     import time
     time.sleep(600)
+if fault == "joins_twice":  # a second join() of the run is the same worker; another is not
+    first = hopbus.join()
+    print("same", hopbus.join() is first, flush=True)
+    try:
+        hopbus.join(id=1 - first.worker)
+    except Exception as exc:
+        print("refused:", exc, flush=True)
 with hopbus.join() as ctx:
     me = ctx.worker
     if fault == "deaf":  # to the stop's SIGTERM and SIGINT: it goes on to its end
@@ -193,6 +200,21 @@ def test_a_numpy_loop_runs_as_hop_workers(redis_url, tmp_path, script):
     assert len(entries) == 4 * 60
     assert any("eval_loss" in e for e in entries) and all("loss" in e for e in entries)
     assert not processes_mentioning(str(script))
+
+
+def test_a_second_join_in_a_process_is_the_same_worker(redis_url, tmp_path, script):
+    """Fault ``joins_twice``: ``hopbus.join()`` twice in one script (a HopCallback() after a
+    join(), say) is the same worker, not a second one that takes itself for a twin of the
+    first; a join() as another worker of the run is refused in one line."""
+    out = tmp_path / "run"
+    p, s, _ = launch(redis_url, out, "-n", "2", "--iterations", "20",
+                     command=[sys.executable, str(script), "joins_twice"])  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and s["iterations"]["min"] == 20
+    for i in range(2):
+        log = (out / "logs" / f"worker-{i}.log").read_text()
+        assert "same True" in log, log
+        assert f"refused: hopbus.join(): this process is worker {i} of run " in log, log
 
 
 def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, script):
