@@ -79,7 +79,7 @@ class RunConfig(BaseModel):
         5, ge=0, le=MAX_BOUND, description="Token queue bound max_ig; 0 = no token queues."
     )
     skip_max: int = Field(
-        0, ge=0, le=MAX_ITERATIONS, description="Most iterations per jump; 0 = never jump."
+        0, ge=0, le=MAX_ITERATIONS, description="Most iterations per jump; 0 (or 1) = never jump."
     )
     skip_trigger: int = Field(
         1, ge=0, le=MAX_ITERATIONS, description="Jump only when more than this far behind."
@@ -118,7 +118,7 @@ class RunConfig(BaseModel):
     group_size: int | None = Field(
         None,
         description="wagma: workers averaged together each iteration (S, a power of two; 1 = "
-        "local SGD). Default: the power of two nearest above sqrt(workers).",
+        "local SGD). Default: the smallest power of two at or above sqrt(workers).",
     )
     sync_period: int = Field(
         10,

@@ -247,11 +247,17 @@ def _resume_cmd(
     from hopbus.config import flag_of
     from hopbus.runtime.launcher import check_curve, plan_resume, resume
 
-    extra = [flag_of(k) for k, v in other.items() if v is not None and k != "timeout"]
+    import os
+
+    extra = [
+        flag_of(k) + (f", set by {env} in the environment" if os.environ.get(env) else "")
+        for k, v in other.items()
+        if v is not None and k != "timeout" and (env := f"HOPBUS_{k.upper()}")
+    ]
     if extra:
         raise ConfigError(
             f"--resume continues a run with the settings in its config.toml: leave out "
-            f"{', '.join(extra)} (only --redis, --timeout, --curve and --json go with it)"
+            f"{'; '.join(extra)} (only --redis, --timeout, --curve and --json go with it)"
         )
     plan = plan_resume(target, timeout=timeout)
     check_curve(plan.cfg, curve)  # before saying it resumes

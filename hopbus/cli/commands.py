@@ -126,6 +126,7 @@ def sim_cmd(
     compute_time: o.ComputeTime = None,
     latency: o.Latency = None,
     jitter: o.Jitter = None,
+    lookahead: o.Lookahead = None,
     model: o.SimModel = None,
     data: o.SimData = None,
     data_dir: o.SimDataDir = None,

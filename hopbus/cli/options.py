@@ -413,6 +413,13 @@ def warn_unused(cfg: RunConfig, given: dict[str, Any]) -> None:
             UserWarning,
             stacklevel=2,
         )
+    if hop and cfg.skip_max == 1 and "skip_max" in cfg.model_fields_set:
+        warnings.warn(
+            "--skip-max 1 never jumps: a jump moves 2 iterations or more (1 is a plain step), "
+            "so skipping takes --skip-max 2 or more",
+            UserWarning,
+            stacklevel=2,
+        )
     beat, wait = getattr(cfg, "heartbeat", None), getattr(cfg, "timeout", None)
     chosen = "heartbeat" in cfg.model_fields_set  # by a flag, the environment or a file
     if chosen and beat is not None and wait is not None and beat > wait:

@@ -481,7 +481,7 @@ def scheme_summary(
     return {"mode": str(mode), "family": str(family), "counters": counters}
 
 
-_PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy", "cpu_s")
+_PS_NOT_COUNTERS = ("role", "t", "final_loss", "final_accuracy", "cpu_s", "incarnation")
 
 
 def server_model(server: dict[str, Any] | None) -> dict[str, Any]:

@@ -183,6 +183,10 @@ def test_flags_the_mode_ignores_are_warned_about():
     p = hopbus("sim", "-n", "4", "-k", "3", "--staleness", "2", "--json")
     assert p.returncode == 0
     assert "hopbus: warning: --staleness has no effect with --mode standard" in p.stderr
+    # --skip-max 1 allows no jump (one of 1 is a plain step): said, as the other no-ops are
+    p = hopbus("sim", "-n", "4", "-k", "3", "--mode", "backup", "--skip-max", "1", "--json")
+    assert p.returncode == 0
+    assert "hopbus: warning: --skip-max 1 never jumps" in p.stderr
 
 
 def test_help_works_everywhere():
@@ -202,6 +206,18 @@ def test_each_commands_help_lists_the_modes_it_runs():
     # a mode a command does not run still gets the line saying where it runs
     p = hopbus("sim", "--mode", "wagma")
     assert p.returncode == 2 and "runs on the cluster only (hopbus train)" in p.stderr
+
+
+def test_sim_takes_the_knob_its_help_names_for_ps_elastic():
+    """``hopbus sim --help`` says ps-elastic takes --lookahead: sim has the flag (only the
+    environment or a config file could set R), and R changes where the barriers go."""
+    def barriers(r: str) -> int:
+        p = hopbus("sim", "--mode", "ps-elastic", "--lookahead", r, "-n", "4", "-k", "40",
+                   "--slowdown", "random:3", "--json")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["scheme"]["counters"]["barriers"]
+
+    assert barriers("1") != barriers("15")
 
 
 @pytest.mark.parametrize(
@@ -267,6 +283,9 @@ def test_checkpoint_flags_refuse_bad_input_in_one_line(tmp_path):
     assert "leave out --iterations" in line
     line = _one_error_line(hopbus("train", "--resume", str(tmp_path), "--out", str(tmp_path)))
     assert "leave out --out" in line
+    line = _one_error_line(hopbus("train", "--resume", str(tmp_path),
+                                  env={"HOPBUS_ITERATIONS": "5"}))  # fmt: skip
+    assert "leave out --iterations, set by HOPBUS_ITERATIONS in the environment" in line
     line = _one_error_line(hopbus("train", "--resume", "no-such-run", cwd=tmp_path))
     assert "no such results folder" in line
     run = tmp_path / "runs" / "r7"

@@ -45,6 +45,7 @@ def test_every_scheme_trains_digits(redis_url, tmp_path, mode):
     c = s["scheme"]["counters"]
     assert s["scheme"]["mode"] == mode
     if mode.startswith("ps-"):  # the server's model is the run's (its log line says it too)
+        assert "incarnation" not in c  # the server report's bookkeeping, no counter of its scheme
         said = (tmp_path / "run" / "logs" / "ps.log").read_text()
         assert f"test accuracy {s['final_accuracy']:.4f}" in said, said
     if mode == "ps-bsp":  # every version waits for every worker: the gap never exceeds 1
