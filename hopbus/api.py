@@ -92,10 +92,10 @@ def _env_number(name: str, kind: type, value: Any) -> Any:
         raise UserError(f"{name}={text!r} is not a number") from None
 
 
-_joined: tuple[str, str, Context] | None = None
-"""The run, Redis and context of this process's join(), while it is open: a second join()
-of the same run gets the same worker (two would each take an id, and the second start()
-find its own heartbeat and take itself for a twin)."""
+_joined: list[tuple[str, str, Context]] = []
+"""The run, Redis and context of this process's join() (one at most), while it is open: a
+second join() of the same run gets the same worker (two would each take an id, and the
+second start() find its own heartbeat and take itself for a twin)."""
 
 
 def join(
@@ -117,7 +117,6 @@ def join(
     the run's TensorBoard scalars (hopbus launch sets it to the results folder's). Raises
     ``NotLaunchedError`` outside a run, and a ``UserError`` (one line) for anything the run
     refuses."""
-    global _joined
     from hopbus.coord.client import DEFAULT_URL, check_url
     from hopbus.runtime.address import DEFAULT_BIND, resolve_advertise
     from hopbus.runtime.join import worker_for
@@ -132,8 +131,8 @@ def join(
     url = redis or os.environ.get(env.REDIS) or DEFAULT_URL
     check_url(url)
     worker = _env_number(env.ID, int, id)
-    if _joined is not None and not _joined[2]._closed:  # one process, one worker
-        was_url, ctx = _joined[1], _joined[2]
+    if _joined and not _joined[0][2]._closed:  # one process, one worker
+        _, was_url, ctx = _joined[0]
         if run == ctx.run and url == was_url and worker in (None, ctx.worker):
             return ctx  # the same run again (a HopCallback() after join()): the same worker
         raise UserError(
@@ -162,9 +161,8 @@ def join(
     board = tensorboard or os.environ.get(env.TENSORBOARD)
     ctx = Context(node, tensorboard=Path(board) if board else None)
     atexit.register(ctx._at_exit)
-    _joined = (run, url, ctx)
+    _joined[:] = [(run, url, ctx)]
     return ctx
-
 
 
 def fit_epochs(samples: int, batch_size: int, validation_split: float, left: int) -> int:

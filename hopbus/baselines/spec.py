@@ -18,8 +18,8 @@ def is_power_of_two(x: int) -> bool:
 
 
 def default_group_size(workers: int) -> int:
-    """WAGMA's S when not given: the smallest power of two at or above sqrt(P) (the paper's S ~ sqrt(P):
-    4 for 8 or 16 workers, 8 for 64)."""
+    """WAGMA's S when not given: the smallest power of two at or above sqrt(P) (the paper's
+    S ~ sqrt(P): 4 for 8 or 16 workers, 8 for 64)."""
     return 2 ** math.ceil(math.log2(max(workers, 1)) / 2)
 
 

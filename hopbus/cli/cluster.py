@@ -244,10 +244,10 @@ def _resume_cmd(
 ) -> None:
     """``hopbus train --resume RUN``: the run's own settings, so no other run flag (but the
     key folder of a --curve run, which its config.toml records as curve = true only)."""
+    import os
+
     from hopbus.config import flag_of
     from hopbus.runtime.launcher import check_curve, plan_resume, resume
-
-    import os
 
     extra = [
         flag_of(k) + (f", set by {env} in the environment" if os.environ.get(env) else "")

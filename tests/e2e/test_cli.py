@@ -211,6 +211,7 @@ def test_each_commands_help_lists_the_modes_it_runs():
 def test_sim_takes_the_knob_its_help_names_for_ps_elastic():
     """``hopbus sim --help`` says ps-elastic takes --lookahead: sim has the flag (only the
     environment or a config file could set R), and R changes where the barriers go."""
+
     def barriers(r: str) -> int:
         p = hopbus("sim", "--mode", "ps-elastic", "--lookahead", r, "-n", "4", "-k", "40",
                    "--slowdown", "random:3", "--json")  # fmt: skip
