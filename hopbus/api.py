@@ -283,10 +283,13 @@ class Context:
 
         if not arrays:
             raise UserError("ctx.shard(): give it the arrays to split")
-        lengths = {_rows_in(a) for a in arrays}
-        if len(lengths) != 1:
-            raise UserError(f"ctx.shard(): the arrays have different lengths {sorted(lengths)}")
-        rows = shard_rows(lengths.pop(), self.worker, self.workers, self.seed)
+        lengths = [_rows_in(a) for a in arrays]
+        if len(set(lengths)) != 1:
+            raise UserError(
+                f"ctx.shard(): the arrays have different lengths, {', '.join(map(str, lengths))}"
+                " in the order given"
+            )
+        rows = shard_rows(lengths[0], self.worker, self.workers, self.seed)
         parts = tuple(_rows_of(a, rows) for a in arrays)
         return parts[0] if len(parts) == 1 else parts
 

@@ -69,7 +69,12 @@ def with_self_loops_and_eq1(g: nx.DiGraph) -> nx.DiGraph:
 def _require(n: int, least: int, name: str, edges: int = 0) -> None:
     """``n`` workers (and ``edges`` edges, self-loops not counted) are within hopbus's limits."""
     if n < least:
-        raise TopologyError(f"{name} needs at least {least} workers (got {n})")
+        alone = (
+            ": each worker averages with others, so the smallest run to try a script in is -n 2"
+            if n == 1
+            else ""
+        )
+        raise TopologyError(f"{name} needs at least {least} workers (got {n}){alone}")
     if n > MAX_WORKERS:
         raise TopologyError(
             f"{name} with {n} workers is more than hopbus handles ({MAX_WORKERS}): its "

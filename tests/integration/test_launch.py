@@ -63,7 +63,7 @@ with hopbus.join() as ctx:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     rows = np.arange(1000)
-    mine = ctx.shard(rows)
+    mine = ctx.shard(rows) if fault != "ragged_shard" or me != who else ctx.shard(rows, rows[1:])
     print("shard", me, ",".join(map(str, mine[:5])), len(mine), flush=True)
     print("threads", os.environ.get("OMP_NUM_THREADS"), flush=True)
     shape = (8, 4) if fault == "other_model" and me == who else (8, 3)
@@ -313,14 +313,15 @@ def test_a_run_none_of_whose_copies_ever_joins_ends(redis_url, tmp_path, script)
         ("text_loss", "end(): loss must be a number, not str"),
         ("ragged_end", "parameter 'W' is not an array: setting an array element with a sequence"),
         ("none_end", "end() needs your step's parameters (or apply=)"),
+        ("ragged_shard", "ctx.shard(): the arrays have different lengths, 1000, 999 in the order"),
     ],
 )
 def test_a_script_that_hands_hopbus_bad_values_is_one_line(
     redis_url, tmp_path, script, fault, expected
 ):
-    """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``, ``ragged_end``, ``none_end``: a
-    script's own values refused where hopbus takes them, naming the call, before they reach
-    the run (worker 0's NaN start would have been every worker's)."""
+    """Faults ``nan_start``, ``bad_accuracy``, ``text_loss``, ``ragged_end``, ``none_end``,
+    ``ragged_shard``: a script's own values refused where hopbus takes them, naming the call,
+    before they reach the run (worker 0's NaN start would have been every worker's)."""
     line, stderr, _ = one_failure(
         redis_url, tmp_path / "run", script, fault, 0, workers=2, iterations=20
     )
