@@ -87,7 +87,8 @@ def _figure(call: str, name: str, value: Any) -> float | None:
     except OverflowError:  # an integer beyond any float (10**400)
         raise UsageError(f"{call}: {name} is an integer beyond any float's range") from None
     if "accuracy" in name and math.isfinite(x) and not 0.0 <= x <= 1.0:
-        raise UsageError(f"{call}: {name} {x} is not a fraction in [0, 1]")
+        percent = f" (a percentage? give {x / 100:g})" if 1.0 < x <= 100.0 else ""
+        raise UsageError(f"{call}: {name} {x:g} is not a fraction in [0, 1]{percent}")
     return x
 
 

@@ -309,7 +309,10 @@ def test_a_run_none_of_whose_copies_ever_joins_ends(redis_url, tmp_path, script)
     ("fault", "expected"),
     [
         ("nan_start", "start(): the parameters hold a NaN or infinity in 'W'; a model must start"),
-        ("bad_accuracy", "log(): eval_accuracy 7.0 is not a fraction in [0, 1]"),
+        (
+            "bad_accuracy",
+            "log(): eval_accuracy 7 is not a fraction in [0, 1] (a percentage? give 0.07)",
+        ),
         ("text_loss", "end(): loss must be a number, not str"),
         ("ragged_end", "parameter 'W' is not an array: setting an array element with a sequence"),
         ("none_end", "end() needs your step's parameters (or apply=)"),
