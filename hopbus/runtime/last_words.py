@@ -83,6 +83,12 @@ def cause(tail: list[str], last: int = TAIL_LINES) -> str:
     places = [m for i in frames if (m := _WHERE.match(tail[i]))]
     own = [m for m in places if not _library(m["file"])]
     m = (own or places)[-1]
+    if places[-1]["func"] is None and m is not places[-1]:  # a module the script imported
+        bad = places[-1]  # does not compile: that module's line is the error's place
+        return (
+            f"{said} ({Path(bad['file']).name}, line {bad['line']}, imported from "
+            f"{Path(m['file']).name}, line {m['line']})"
+        )
     where = f", in {m['func']}" if m["func"] else ""  # a SyntaxError's place names none
     return f"{said} ({Path(m['file']).name}, line {m['line']}{where})"
 

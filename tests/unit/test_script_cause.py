@@ -27,6 +27,22 @@ def test_a_syntax_error_is_named_with_its_file_and_line():
     assert cause(tail) == "SyntaxError: '(' was never closed (train.py, line 3)"
 
 
+def test_a_syntax_error_in_an_imported_library_is_named_where_it_is():
+    """Not at the script's import line as if the script did not compile."""
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "/home/u/loop.py", line 29, in <module>',
+        "    import hopbus",
+        '  File "/venv/lib/python3.11/site-packages/hopbus/api.py", line 120',
+        "    global _joined",
+        "SyntaxError: name '_joined' is used prior to global declaration",
+    ]
+    assert cause(tail) == (
+        "SyntaxError: name '_joined' is used prior to global declaration "
+        "(api.py, line 120, imported from loop.py, line 29)"
+    )
+
+
 def test_other_output_is_its_last_lines():
     assert cause(["loading", "out of memory"]) == "loading | out of memory"
     assert cause([]) == "it printed nothing on stderr"
