@@ -117,6 +117,7 @@ def join(
     the run's TensorBoard scalars (hopbus launch sets it to the results folder's). Raises
     ``NotLaunchedError`` outside a run, and a ``UserError`` (one line) for anything the run
     refuses."""
+    from hopbus.config import check_setting
     from hopbus.coord.client import DEFAULT_URL, check_url
     from hopbus.runtime.address import DEFAULT_BIND, resolve_advertise
     from hopbus.runtime.join import worker_for
@@ -148,7 +149,9 @@ def join(
     kw = {
         "bind": bind or os.environ.get(env.BIND) or DEFAULT_BIND,
         "advertise": resolve_advertise(advertise or os.environ.get(env.ADVERTISE), url),
-        "timeout": _env_number(env.TIMEOUT, float, timeout),
+        "timeout": None
+        if (t := _env_number(env.TIMEOUT, float, timeout)) is None
+        else check_setting("timeout", t, env.TIMEOUT if timeout is None else "join(timeout)"),
         "curve": Path(curve)
         if curve
         else (Path(os.environ[env.CURVE]) if os.environ.get(env.CURVE) else None),

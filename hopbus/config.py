@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -316,6 +317,18 @@ def _explain_error(err: Any, from_file: dict[str, str]) -> ConfigError:
         return ConfigError(f"{flag_of(named)}{msg[len(named) :]}" if named != msg else msg)
     name = f"{where}: {field}" if where else flag_of(field)
     return ConfigError(f"{name}: {msg} (got {err.get('input')!r})")
+
+
+def check_setting(field: str, value: Any, name: str | None = None) -> Any:
+    """One setting given on its own (hopbus worker's --timeout, hopbus.join(timeout=)), checked
+    by the rule its field has in a run's settings: one ConfigError line naming it as ``name``
+    (default: its flag)."""
+    info = TrainConfig.model_fields[field]
+    try:
+        return TypeAdapter(typing.Annotated[info.annotation, info]).validate_python(value)
+    except ValidationError as exc:
+        said = str(_explain_error({**exc.errors()[0], "loc": (field,)}, {}))
+        raise ConfigError(said.replace(flag_of(field), name, 1) if name else said) from None
 
 
 def make_config(

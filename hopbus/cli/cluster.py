@@ -16,7 +16,7 @@ from rich.console import Console
 from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
-from hopbus.config import OWN_MODEL_FIELDS, TrainConfig
+from hopbus.config import OWN_MODEL_FIELDS, TrainConfig, check_setting
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
 from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
@@ -566,6 +566,8 @@ def worker_cmd(
     from hopbus.runtime.worker import report_failure
 
     interrupts.install()
+    if timeout is not None:  # before a script starts with it (hopbus.join() checks it too)
+        check_setting("timeout", timeout)
     give(model, data)
     url = redis or DEFAULT_URL
     w = None

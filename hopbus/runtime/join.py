@@ -44,7 +44,7 @@ def worker_for(
     replicas need no per-container setting. ``script``: for a user's training loop
     (``hopbus.join()``), which runs the Hop modes only; a run made for a script is refused
     without one. Raises UserError as ``Node.run_loop`` does."""
-    from hopbus.config import TrainConfig
+    from hopbus.config import TrainConfig, check_setting
     from hopbus.runtime.allreduce_worker import AllReduceWorker
     from hopbus.runtime.ps_worker import PSWorker
     from hopbus.runtime.wagma_worker import WagmaWorker
@@ -56,6 +56,8 @@ def worker_for(
         if kw.get("resume_from") is not None:
             raise ConfigError("--rejoin and --resume-from do not go together")
     keys = RunKeys(run)
+    if kw.get("timeout") is not None:  # given on its own (hopbus.join(), HOPBUS_TIMEOUT)
+        kw["timeout"] = check_setting("timeout", kw["timeout"])
     timeout = kw.get("timeout") or TrainConfig.model_fields["timeout"].default
     with redis_failures("worker" if worker is None else f"worker {worker}", run, redis_url):
         client = connect(redis_url, timeout=timeout)

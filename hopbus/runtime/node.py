@@ -24,7 +24,7 @@ from typing import Any
 import redis
 import zmq
 
-from hopbus.config import TrainConfig, make_config
+from hopbus.config import TrainConfig, check_setting, make_config
 from hopbus.coord import read
 from hopbus.coord.client import attempts, connect, quick, redis_flag
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
@@ -170,6 +170,8 @@ class Node:
         self.redis_url = redis_url
         self.bind = bind
         self.advertise = advertise
+        if timeout is not None:  # given here, not read from the run's checked settings
+            timeout = check_setting("timeout", timeout)
         self._timeout_flag = timeout
         self._device_flag = device  # hopbus worker --device: this worker's, over the run's
         self.timeout = (

@@ -208,6 +208,26 @@ def test_each_commands_help_lists_the_modes_it_runs():
     assert p.returncode == 2 and "runs on the cluster only (hopbus train)" in p.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-3", "0"])
+def test_a_timeout_given_to_one_worker_is_checked_as_a_runs(value):
+    """hopbus worker --timeout, HOPBUS_TIMEOUT and hopbus.join(timeout=) are not read from a
+    run's checked settings: NaN or infinity waited forever, a negative one was a traceback
+    from the Redis client. Each is refused by the run's own rule, in one line."""
+    nowhere = "redis://127.0.0.1:9/0"  # never reached: refused before
+    line = _one_error_line(hopbus("worker", "--run", "r", "--redis", nowhere, "--timeout", value,
+                                  "--", sys.executable, "-c", "pass"))  # fmt: skip
+    assert line.startswith("hopbus: error: --timeout: input should be"), line
+    p = subprocess.run(
+        [sys.executable, "-c", "import hopbus; hopbus.join()"], capture_output=True, text=True,
+        env={**os.environ, "HOPBUS_RUN": "r", "HOPBUS_REDIS": nowhere, "HOPBUS_TIMEOUT": value},
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 1 and p.stderr.startswith("hopbus: error: HOPBUS_TIMEOUT: input"), (
+        p.stderr
+    )
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_sim_takes_the_knob_its_help_names_for_ps_elastic():
     """``hopbus sim --help`` says ps-elastic takes --lookahead: sim has the flag (only the
     environment or a config file could set R), and R changes where the barriers go."""
