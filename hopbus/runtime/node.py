@@ -425,6 +425,16 @@ class Node:
         dead = [j for j in peers if j in self._unseen and now - self._unseen[j] >= period]
         return dead if dead and self._lose(dead, what) else []
 
+    def _out_of_time(self, since: float, peers: Sequence[int]) -> bool:
+        """A wait on ``peers`` begun at ``since`` (monotonic) has outlasted --timeout, and
+        none of them is being judged: one whose heartbeat is gone already gets the renewal
+        period ``_check_alive`` gives it before declaring it dead. A frozen peer's heartbeat,
+        capped at --timeout, runs out about when a wait on it does, and the run failed
+        calling it alive where it could go on without it. Twice --timeout ends any wait."""
+        spent = time.monotonic() - since
+        judging = any(j in self._unseen for j in peers)
+        return spent > self.timeout and (spent > 2 * self.timeout or not judging)
+
     def _lose(self, dead: Sequence[int], what: str, reason: str = "") -> bool:
         """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
         (no spare capacity): stop the run for every node, naming them, and fail, saying why
@@ -475,7 +485,7 @@ class Node:
                     f"declared dead ({self.keys.dead}) could send: it cannot go on without "
                     "them (docs/faults.md)"
                 )
-            if now - t0 > self.timeout:
+            if self._out_of_time(t0, late):
                 why = self._why_late(late, sent_in)
                 raise RunFailure(f"{self.who} waited {self.timeout:g} s for {what} from "
                                  f"{names(late, self.ps_id)} ({why})")  # fmt: skip
@@ -550,7 +560,7 @@ class Node:
                     lost = self._check_alive(full, "room in its queue")
                 gone += lost
                 full = [j for j in full if j not in lost]
-                if full and time.monotonic() - t0 > self.timeout:
+                if full and self._out_of_time(t0, full):
                     raise RunFailure(
                         f"{self.who}: a send to {names(full, self.ps_id)} at "
                         f"{box.endpoints[full[0]]} stayed blocked for {self.timeout:g} s, its "

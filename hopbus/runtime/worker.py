@@ -297,7 +297,7 @@ class Worker(Node):
                 if self._check_alive([owner], f"a token to enter iteration {eff.to}"):
                     break  # declared dead: its queue no longer binds
                 self._check_queue(owner, eff, need[owner])
-                if spent > self.timeout:
+                if self._out_of_time(t0, [owner]):
                     raise RunFailure(
                         f"worker {self.worker} waited {spent:.0f} s for a token from worker "
                         f"{owner} to enter iteration {eff.to} (alive, but it did not advance; "

@@ -8,6 +8,8 @@ processes (as docker compose runs them: only the heartbeats tell).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -283,4 +285,39 @@ def test_a_worker_stopped_by_hand_says_why(redis_url, redis_client, tmp_path):
     for i, err in enumerate(peers):
         last = err.strip().splitlines()[-1] if i != VICTIM and err.strip() else ""
         assert i == VICTIM or "interrupted (Ctrl-C or SIGTERM)" in last, (i, err[-600:])
+    assert not processes_mentioning(run)
+
+
+def test_a_frozen_worker_is_lost_not_waited_out_when_its_heartbeat_is_the_timeout(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``frozen_worker`` (SIGSTOP) in a backup run whose --timeout is below --heartbeat,
+    which caps the heartbeat at it: the frozen worker's heartbeat runs out about when a
+    neighbour's wait on its token does. The neighbour waits the renewal period out, in which
+    the worker is declared dead, and the run goes on without it; it failed, calling the frozen
+    worker 'alive, but it did not advance'."""
+    args, run = train_args(
+        redis_url, tmp_path / "run", "-n", "4", "--topology", "complete", "--mode", "backup",
+        "--backup", "1", "--max-ig", "2", "--iterations", "150", "--iter-time", "0.02",
+        "--eval-every", "0", "--timeout", "3",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    pid = 0
+    try:
+        wait_iteration(redis_client, RunKeys(run), VICTIM % 4, 20)
+        (pid,) = processes_mentioning(f"--run {run} --id {VICTIM % 4}")
+        os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            if pid:
+                os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    s = json.loads(out)
+    assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [VICTIM % 4]
+    assert "did not advance" not in err
     assert not processes_mentioning(run)
