@@ -32,12 +32,12 @@ from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, RunKeys
-from hopbus.coord.runs import join_worker, said_why
+from hopbus.coord.runs import RunStateError, join_worker, said_why
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer
 from hopbus.runtime.last_words import cause, said
-from hopbus.runtime.node import place_taken, read_run_config, redis_failures
+from hopbus.runtime.node import place_taken, read_run_config, redis_failures, refused_place
 from hopbus.runtime.reaper import become_subreaper, command_line, descendants, stop_all
 from hopbus.runtime.worker import report_failure
 
@@ -228,6 +228,10 @@ def _outcome(
             "model.fit with hopbus.keras.HopCallback and epochs enough, or ctx.begin() and "
             "ctx.end(params) in a loop while not ctx.done)"
         )
+    elif own is not None and refused_place(own, keys.run, worker):  # a twin took the place
+        refused = RunStateError(own)  # between this process's check and its script's claim:
+        refused.said = True  # refused as a stray started later is, writing nothing
+        raise refused
     elif own is not None:  # on stderr already: not a second time; the run told, by hopbus's
         with contextlib.suppress(redis.RedisError):  # API (or by something else it ran?)
             if worker not in said_why(client, keys, worker + 1):

@@ -112,14 +112,27 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
         return ""
 
 
+_CANNOT_TAKE = "cannot take its place: "
+_IS_TAKEN = "is taken: "
+
+
 def place_taken(who: str, run: str, node: int, why: str) -> RunStateError:
     """The refusal of a process whose place in the run another has or had, or whose keys
     something else wrote (``_why_taken``)."""
     if ANOTHER_TYPE in why:
-        return RunStateError(f"{who} of run {run} cannot take its place: {why}")
+        return RunStateError(f"{who} of run {run} {_CANNOT_TAKE}{why}")
     return RunStateError(
-        f"{who} of run {run} is taken: {why} (is `hopbus worker --id {node}` running twice?)"
+        f"{who} of run {run} {_IS_TAKEN}{why} (is `hopbus worker --id {node}` running twice?)"
     )
+
+
+def refused_place(line: str, run: str, node: int) -> bool:
+    """Whether a script's last ``hopbus: error:`` line is ``place_taken``'s for worker
+    ``node`` of ``run``: it was refused before it took a place, so its failure is not the
+    run's (``hopbus worker -- COMMAND`` started at the very instant of a twin passes its own
+    check, and only the script's claim tells)."""
+    head = f"worker {node} of run {run} "
+    return line.startswith((head + _IS_TAKEN, head + _CANNOT_TAKE))
 
 
 def read_run_config(

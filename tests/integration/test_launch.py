@@ -46,6 +46,11 @@ if fault in ("daemon", "deaf_daemon") and os.fork() == 0:  # it leaves its sessi
     os._exit(0)
 if fault == "never_joins" and os.environ["HOPBUS_ID"] == str(who):
     sys.exit(0)  # a script that forgot hopbus.join(), as seen from the run
+if fault == "joins_on_cue":  # a twin whose check passed, joining once told (file argv[3])
+    print("waiting", flush=True)
+    while not os.path.exists(sys.argv[3]):
+        import time
+        time.sleep(0.02)  # the test's cue: the other twin has claimed the place
 if fault == "hangs_before_join":  # every copy: e.g. a download that never ends
     import time
     time.sleep(600)
@@ -428,6 +433,46 @@ def test_join_outside_a_run_says_how_to_launch(tmp_path):
             capture_output=True, text=True, env=clean_env(**exported), timeout=60, check=False,
         )  # fmt: skip
         assert alone.stdout.strip() == "False", exported
+
+
+def test_a_twin_started_in_the_same_instant_is_refused_writing_nothing(
+    redis_url, redis_client, tmp_path, script
+):
+    """Fault ``joins_on_cue``: two ``hopbus worker --id 1`` started in the same instant both
+    find the place free; the one whose script claims it second is refused. It exits 2 and
+    writes nothing into the run, as a twin started later does (its script's refusal was
+    told to the run as worker 1's error)."""
+    run = f"twin{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--iterations", "20", "--model",
+                     "script", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env, go = clean_env(HOPBUS_REDIS=redis_url), tmp_path / "go"
+
+    def worker(i: int, *how: str) -> subprocess.Popen:
+        args = hopbus_args("worker", "--run", run, "--id", str(i), "--", sys.executable,
+                           str(script), *how)  # fmt: skip
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, cwd=tmp_path)  # fmt: skip
+
+    late, first = worker(1, "joins_on_cue", "1", str(go)), []
+    try:
+        assert late.stdout is not None and late.stdout.readline() == "waiting\n"  # checked
+        first = [worker(0, "none"), worker(1, "none")]
+        wait_for(lambda: redis_client.exists(RunKeys(run).hb(1)), 60, "worker 1's claim")
+        go.touch()
+        _, err = late.communicate(timeout=60)
+        outs = [w.communicate(timeout=120) for w in first]
+    finally:
+        for p in (late, *first):
+            if p.poll() is None:
+                p.kill()
+    assert late.returncode == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"hopbus: error: worker 1 of run {run} is taken: "), line
+    assert all(w.returncode == 0 for w in first), outs
+    kinds = [f[b"kind"] for _, f in redis_client.xrange(RunKeys(run).events)]
+    assert b"error" not in kinds, kinds
+    assert hopbus("clean", "--run", run, "--redis", redis_url).returncode == 0
 
 
 def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, script):
