@@ -1103,9 +1103,29 @@ class Launcher:
             self._stop_lingering()
         if failure is not None:  # its processes' last counters, before the summary reads them
             self.stop_workers()  # (each leaves them as it goes: Node._last_stats)
+            if self.follows_only:
+                self._let_them_stop()
         self._catch_up(cursor, pending, metrics)
         summary = self._summary(failure)
         return Outcome(summary, summary.get("failure"))
+
+    def _let_them_stop(self) -> None:
+        """A watch of a run that failed: the workers, started elsewhere, learn of the stop
+        within a heartbeat period (their heartbeat thread reads the stop key) and may step
+        on meanwhile. Their counters are read each period until they stand still (at most
+        --timeout), so that the summary counts those steps too: it had them where the watch
+        saw the stop (iteration 7 of workers that reached 21)."""
+        period = min(self.cfg.heartbeat, self.cfg.timeout) / 3 + SILENT_LOOK_S
+        deadline = time.monotonic() + self.cfg.timeout
+        keys = [self.keys.iter(i) for i in range(self.topo.n)]
+        last = None
+        with contextlib.suppress(redis.RedisError):
+            while time.monotonic() < deadline:
+                now = self.r.mget(keys)
+                if now == last:
+                    return
+                last = now
+                time.sleep(period)  # a heartbeat period: every node has read the stop by then
 
     def _catch_up(self, cursor: str, pending: list[Entry], metrics: TextIO) -> None:
         """Every progress entry up to the end into the replay and metrics.jsonl, a failed or

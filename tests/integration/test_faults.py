@@ -321,3 +321,32 @@ def test_a_frozen_worker_is_lost_not_waited_out_when_its_heartbeat_is_the_timeou
     assert s["finished"] and [w["worker"] for w in s["lost_workers"]] == [VICTIM % 4]
     assert "did not advance" not in err
     assert not processes_mentioning(run)
+
+
+def test_a_watch_counts_the_steps_taken_after_the_stop(redis_url, redis_client, tmp_path):
+    """Fault ``forged_stop``: the run's stop key written from outside while hand-started
+    workers run. They learn of it within a heartbeat period and step on meanwhile; hopbus
+    watch's summary counts those steps (it wrote the iterations where it saw the stop)."""
+    run, procs = _start_workers(redis_url, ["--mode", "standard"], "-stopped")
+    keys = RunKeys(run)
+    args = _hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   "--json")  # fmt: skip
+    watch = subprocess.Popen(
+        args, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_iteration(redis_client, keys, 0, KILL_AT)
+        redis_client.set(keys.stop, "stopped from outside")
+        out, err = watch.communicate(timeout=120)
+        for p in procs:
+            p.communicate(timeout=120)
+    finally:
+        for p in [*procs, watch]:
+            if p.poll() is None:
+                p.kill()
+    assert watch.returncode == 1, err
+    s = json.loads(out)
+    assert not s["finished"] and "stopped from outside" in s["failure"]
+    reached = [int(redis_client.get(keys.iter(i))) for i in range(N)]
+    assert s["iterations"]["per_worker"] == reached, (s["iterations"], reached)
+    assert not processes_mentioning(run)
