@@ -139,7 +139,7 @@ def snapshot(
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
     beats = [rest[3 * i] for i in range(n)]
-    said = said_why(client, keys, n) if any(hb is None for hb in beats) else {}  # why gone
+    said = said_why(client, keys, n)  # why gone, or going: as each said (never proof)
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
@@ -153,6 +153,9 @@ def snapshot(
             state = "finished"
         elif beat is not None and ttl and ttl > 0:
             state = f"alive ({(now_ms - beat) / 1000:.1f} s ago)"
+            if i in said:  # its process may be gone: the heartbeat lives out its TTL
+                left = "failed" if said[i][0] == "error" else said[i][0]
+                state = f"{state[:-1]}; it says it left: {left})"
         else:
             state = "?"
         if i in dead:  # docs/faults.md: declared dead; a replacement may be joining

@@ -1273,3 +1273,21 @@ def test_a_worker_frozen_at_the_end_is_judged_by_its_heartbeat(redis_url, redis_
     assert not s["finished"], s
     assert "worker 0: heartbeat gone without a result (its process is still there" in s["failure"]
     assert not left
+
+
+def test_inspect_says_a_live_heartbeat_is_of_a_worker_that_said_it_left(redis_url, redis_client):
+    """A worker that failed or was interrupted leaves its heartbeat to run out its TTL; an
+    event says why it left. inspect keeps it alive (an event anyone can write proves
+    nothing), but says what it said, so a process gone since is not shown as running."""
+    from hopbus.coord.snapshot import snapshot
+
+    run = f"leaving{os.getpid()}"
+    made = hopbus("create", "--run", run, "-n", "2", "--redis", redis_url)
+    assert made.returncode == 0, made.stderr
+    keys = RunKeys(run)
+    redis_client.set(keys.iter(0), 3)
+    redis_client.set(keys.hb(0), int(time.time() * 1000), px=60_000)
+    redis_client.xadd(keys.events, {"kind": "interrupted", "worker": 0, "message": "Ctrl-C"})
+    state = snapshot(redis_client, keys)["workers"][0]["state"]
+    assert state.startswith("alive (") and state.endswith("; it says it left: interrupted)")
+    assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
