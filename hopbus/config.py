@@ -296,6 +296,11 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def env_of(field: str) -> str:
+    """The environment variable of a RunConfig field's flag: ``max_ig`` -> ``HOPBUS_MAX_IG``."""
+    return "HOPBUS_" + field.upper()
+
+
 def _explain(exc: ValidationError, from_file: dict[str, str]) -> ConfigError:
     return _explain_error(exc.errors()[0], from_file)
 

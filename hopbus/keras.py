@@ -152,13 +152,14 @@ class HopCallback(keras.callbacks.Callback):
         ctx = self.ctx
         assert ctx is not None
         if not ctx.done and self.model.stop_training and not self._stopping:
-            raise RunFailure(
-                f"worker {ctx.worker}: model.fit was stopped after {ctx.node.iteration} of "
-                f"{ctx.iterations} iterations by a callback (model.stop_training, as "
-                "EarlyStopping sets it): one worker cannot leave before the run is done, its "
-                "neighbours wait for its updates; leave such callbacks out of fit and end the "
-                "run with --iterations"
-            )
+            with ctx._guard():  # told to the run, as any failure of this worker
+                raise RunFailure(
+                    f"worker {ctx.worker}: model.fit was stopped after {ctx.node.iteration} of "
+                    f"{ctx.iterations} iterations by a callback (model.stop_training, as "
+                    "EarlyStopping sets it): one worker cannot leave before the run is done, its "
+                    "neighbours wait for its updates; leave such callbacks out of fit and end the "
+                    "run with --iterations"
+                )
         if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
             steps = (self.params or {}).get("steps")
             per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""

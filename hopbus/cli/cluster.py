@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console
 from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.cli.commands import _emit_json, app
-from hopbus.config import OWN_MODEL_FIELDS, TrainConfig, check_setting
+from hopbus.config import OWN_MODEL_FIELDS, TrainConfig, check_setting, env_of
 from hopbus.coord.client import DEFAULT_URL, redact, redis_flag
 from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
 from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
@@ -244,15 +245,14 @@ def _resume_cmd(
 ) -> None:
     """``hopbus train --resume RUN``: the run's own settings, so no other run flag (but the
     key folder of a --curve run, which its config.toml records as curve = true only)."""
-    import os
-
-    from hopbus.config import flag_of
+    from hopbus.config import env_of, flag_of
     from hopbus.runtime.launcher import check_curve, plan_resume, resume
 
-    extra = [
-        flag_of(k) + (f", set by {env} in the environment" if os.environ.get(env) else "")
+    extra = [  # typer takes an environment variable for its flag: say which is set
+        flag_of(k)
+        + (f" ({env_of(k)} is set in the environment)" if env_of(k) in os.environ else "")
         for k, v in other.items()
-        if v is not None and k != "timeout" and (env := f"HOPBUS_{k.upper()}")
+        if v is not None and k != "timeout"
     ]
     if extra:
         raise ConfigError(
@@ -375,7 +375,6 @@ def launch_cmd(**params: Any) -> None:
 def _warn_own_model_settings(config: Path | None) -> None:
     """hopbus launch takes no --lr (the script has its own): a config file's lr, or a
     HOPBUS_LR in the environment, is said to be ignored too, not taken in silence."""
-    import os
     import warnings
 
     from hopbus.config import load_toml
@@ -386,9 +385,7 @@ def _warn_own_model_settings(config: Path | None) -> None:
         for k, v in (load_toml(config) if config is not None else {}).items()
         if k in OWN_MODEL_FIELDS and v != SCRIPT
     ]
-    found += [
-        f"HOPBUS_{k.upper()}" for k in OWN_MODEL_FIELDS if os.environ.get(f"HOPBUS_{k.upper()}")
-    ]
+    found += [env_of(k) for k in OWN_MODEL_FIELDS if os.environ.get(env_of(k))]
     if found:
         warnings.warn(
             f"hopbus launch ignores {', '.join(found)}: settings of hopbus's own models "
@@ -567,7 +564,8 @@ def worker_cmd(
 
     interrupts.install()
     if timeout is not None:  # before a script starts with it (hopbus.join() checks it too)
-        check_setting("timeout", timeout)
+        env = env_of("timeout")  # typer takes it for the flag: name both where it is set
+        check_setting("timeout", timeout, f"--timeout ({env})" if env in os.environ else None)
     give(model, data)
     url = redis or DEFAULT_URL
     w = None

@@ -19,6 +19,7 @@ from hopbus.config import (
     RunConfig,
     TrainConfig,
     check_shadowed,
+    env_of,
     flag_of,
     load_toml,
     make_config,
@@ -53,7 +54,7 @@ def _opt(
     return typer.Option(
         flag_of(field),
         *names,
-        envvar="HOPBUS_" + field.upper(),
+        envvar=env_of(field),
         help=_help(field, extra, text),
         show_default=False,
         rich_help_panel=panel,

@@ -230,9 +230,10 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
 
 def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[str, str]]:
     """Per node (ids below ``nodes``) that posted an ``error`` or ``interrupted`` event, the
-    first one's kind and message: why a node is gone once its heartbeat is (the rule hopbus
-    watch follows; anything that can write the stream can write one, so it never makes a live
-    node gone). A refused process writes none."""
+    first one's kind and message since the last replacement of that id came in: why a node
+    is gone once its heartbeat is (the rule hopbus watch follows; anything that can write the
+    stream can write one, so it never makes a live node gone). A refused process writes
+    none."""
     from hopbus.coord import read
     from hopbus.coord.control import EVENTS_MAXLEN
     from hopbus.coord.keys import SAYS_WHY_GONE
@@ -247,6 +248,8 @@ def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[
         who = read.integer(fields.get(b"worker"), 0, nodes - 1)
         if kind in SAYS_WHY_GONE and who is not None:
             said.setdefault(who, (kind, read.text(fields.get(b"message"), 300) or kind))
+        elif kind in ("rejoining", "rejoin") and who is not None:  # a replacement: what the
+            said.pop(who, None)  # process it replaces said is not its own
     return said
 
 

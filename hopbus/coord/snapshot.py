@@ -16,6 +16,7 @@ import redis
 from hopbus.config import TrainConfig
 from hopbus.coord import read
 from hopbus.coord.client import redis_flag
+from hopbus.coord.control import Heartbeat
 from hopbus.coord.keys import FINISHED, RunKeys
 from hopbus.coord.runs import (
     RunStateError,
@@ -139,7 +140,13 @@ def snapshot(
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
     beats = [rest[3 * i] for i in range(n)]
-    said = said_why(client, keys, n)  # why gone, or going: as each said (never proof)
+    half = Heartbeat.ttl_ms_for(min(cfg.heartbeat, cfg.timeout)) / 2  # unrenewed that long:
+    lapsing = [  # its process stopped, or froze (a live one renews every third of the TTL)
+        read.beating(rest[3 * i], rest[3 * i + 1]) and rest[3 * i + 1] < half for i in range(n)
+    ]
+    # why gone, or going, as each said (never proof): read only when one is (a stream of up
+    # to EVENTS_MAXLEN, which hopbus top would read on every refresh)
+    said = said_why(client, keys, n) if any(hb is None for hb in beats) or any(lapsing) else {}
     workers = []
     now_ms = time.time() * 1000
     for i in range(n):
@@ -153,7 +160,7 @@ def snapshot(
             state = "finished"
         elif beat is not None and ttl and ttl > 0:
             state = f"alive ({(now_ms - beat) / 1000:.1f} s ago)"
-            if i in said:  # its process may be gone: the heartbeat lives out its TTL
+            if lapsing[i] and i in said:  # its process gone? the heartbeat lives out its TTL
                 left = "failed" if said[i][0] == "error" else said[i][0]
                 state = f"{state[:-1]}; it says it left: {left})"
         else:

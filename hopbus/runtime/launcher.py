@@ -1115,11 +1115,15 @@ class Launcher:
         on meanwhile. Their counters are read each period until they stand still (at most
         --timeout), so that the summary counts those steps too: it had them where the watch
         saw the stop (iteration 7 of workers that reached 21)."""
+        if self.broker_gone:
+            return
         period = min(self.cfg.heartbeat, self.cfg.timeout) / 3 + SILENT_LOOK_S
         deadline = time.monotonic() + self.cfg.timeout
         keys = [self.keys.iter(i) for i in range(self.topo.n)]
         last = None
         with contextlib.suppress(redis.RedisError):
+            if not self.r.exists(self.keys.stop):  # a failure no worker hears of: no wait
+                return
             while time.monotonic() < deadline:
                 now = self.r.mget(keys)
                 if now == last:

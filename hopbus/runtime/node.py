@@ -27,7 +27,7 @@ import zmq
 from hopbus.config import TrainConfig, check_setting, make_config
 from hopbus.coord import read
 from hopbus.coord.client import attempts, connect, quick, redis_flag
-from hopbus.coord.control import Heartbeat, RunControl, StateLostError
+from hopbus.coord.control import Heartbeat, RunControl, StateLostError, heartbeats
 from hopbus.coord.keys import ANOTHER_TYPE, FINISHED, RunKeys, named_keys
 from hopbus.coord.runs import (
     RunStateError,
@@ -441,12 +441,46 @@ class Node:
     def _out_of_time(self, since: float, peers: Sequence[int]) -> bool:
         """A wait on ``peers`` begun at ``since`` (monotonic) has outlasted --timeout, and
         none of them is being judged: one whose heartbeat is gone already gets the renewal
-        period ``_check_alive`` gives it before declaring it dead. A frozen peer's heartbeat,
-        capped at --timeout, runs out about when a wait on it does, and the run failed
-        calling it alive where it could go on without it. Twice --timeout ends any wait."""
+        period ``_check_alive`` gives it before declaring it dead, and one whose heartbeat
+        is running out unrenewed (``_lapsing``) the time to run out. A frozen peer's
+        heartbeat, capped at --timeout, runs out about when a wait on it does, and the run
+        failed calling it alive where it could go on without it. Twice --timeout ends any
+        wait."""
         spent = time.monotonic() - since
-        judging = any(j in self._unseen for j in peers)
-        return spent > self.timeout and (spent > 2 * self.timeout or not judging)
+        if spent <= self.timeout:
+            return False
+        if spent > 2 * self.timeout:
+            return True
+        return not any(j in self._unseen for j in peers) and not self._lapsing(peers)
+
+    def _waited(self, since: float) -> str:
+        """How long a wait that ran out lasted, as its line says it: --timeout, or what it
+        was when a peer being judged held it longer (``_out_of_time``)."""
+        spent = time.monotonic() - since
+        return f"{self.timeout:g}" if spent < self.timeout + 1 else f"{spent:.0f}"
+
+    def _lapsed_line(self, peers: Sequence[int]) -> str | None:
+        """Why a wait that outlasted twice --timeout on a peer being judged did: its
+        heartbeat went, yet it was not declared dead (None if no peer was being judged)."""
+        if not any(j in self._unseen for j in peers) and not self._lapsing(peers):
+            return None
+        return (
+            "its heartbeat lapsed, but it was not declared dead within twice --timeout: "
+            "docs/faults.md"
+        )
+
+    def _lapsing(self, peers: Sequence[int]) -> bool:
+        """Whether one of ``peers`` has a heartbeat not renewed for half its life (a live
+        node renews it every third): frozen, or cut off, about to be gone. By its remaining
+        TTL in Redis, which no host's clock skews."""
+        if self.heartbeat is None:
+            return False
+        half = self.heartbeat.ttl_ms / 2
+        try:
+            beats = heartbeats(self.r, self.keys, peers)
+        except redis.RedisError:
+            return False
+        return any(read.beating(v, ttl) and ttl < half for v, ttl in beats.values())
 
     def _lose(self, dead: Sequence[int], what: str, reason: str = "") -> bool:
         """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
@@ -499,8 +533,8 @@ class Node:
                     "them (docs/faults.md)"
                 )
             if self._out_of_time(t0, late):
-                why = self._why_late(late, sent_in)
-                raise RunFailure(f"{self.who} waited {self.timeout:g} s for {what} from "
+                why = self._lapsed_line(late) or self._why_late(late, sent_in)
+                raise RunFailure(f"{self.who} waited {self._waited(t0)} s for {what} from "
                                  f"{names(late, self.ps_id)} ({why})")  # fmt: skip
         return time.monotonic() - t0
 
@@ -574,10 +608,13 @@ class Node:
                 gone += lost
                 full = [j for j in full if j not in lost]
                 if full and self._out_of_time(t0, full):
+                    why = self._lapsed_line(full) or (
+                        f"its heartbeat alive ({box.why_full()}; raise --timeout for slow models)"
+                    )
                     raise RunFailure(
                         f"{self.who}: a send to {names(full, self.ps_id)} at "
-                        f"{box.endpoints[full[0]]} stayed blocked for {self.timeout:g} s, its "
-                        f"heartbeat alive ({box.why_full()}; raise --timeout for slow models)"
+                        f"{box.endpoints[full[0]]} stayed blocked for {self._waited(t0)} s, "
+                        f"{why}"
                     )
                 full = box.offer(full, frames, LOOK_S)
         except TransportError as exc:

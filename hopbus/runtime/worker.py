@@ -298,10 +298,12 @@ class Worker(Node):
                     break  # declared dead: its queue no longer binds
                 self._check_queue(owner, eff, need[owner])
                 if self._out_of_time(t0, [owner]):
+                    why = self._lapsed_line([owner]) or (
+                        "alive, but it did not advance; raise --timeout for slow models"
+                    )
                     raise RunFailure(
                         f"worker {self.worker} waited {spent:.0f} s for a token from worker "
-                        f"{owner} to enter iteration {eff.to} (alive, but it did not advance; "
-                        "raise --timeout for slow models)"
+                        f"{owner} to enter iteration {eff.to} ({why})"
                     )
             waited = time.monotonic() - t0
 

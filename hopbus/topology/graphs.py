@@ -70,7 +70,8 @@ def _require(n: int, least: int, name: str, edges: int = 0) -> None:
     """``n`` workers (and ``edges`` edges, self-loops not counted) are within hopbus's limits."""
     if n < least:
         alone = (
-            ": each worker averages with others, so the smallest run to try a script in is -n 2"
+            ": every worker averages with others, so the smallest run (to try a script in, "
+            "say) has 2"
             if n == 1
             else ""
         )

@@ -226,6 +226,10 @@ def test_a_timeout_given_to_one_worker_is_checked_as_a_runs(value):
         p.stderr
     )
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = hopbus("worker", "--run", "r", "--redis", nowhere, "--", sys.executable, "-c", "pass",
+               env={"HOPBUS_TIMEOUT": value})  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("hopbus: error: --timeout (HOPBUS_TIMEOUT): input"), p.stderr
 
 
 def test_sim_takes_the_knob_its_help_names_for_ps_elastic():
@@ -306,7 +310,7 @@ def test_checkpoint_flags_refuse_bad_input_in_one_line(tmp_path):
     assert "leave out --out" in line
     line = _one_error_line(hopbus("train", "--resume", str(tmp_path),
                                   env={"HOPBUS_ITERATIONS": "5"}))  # fmt: skip
-    assert "leave out --iterations, set by HOPBUS_ITERATIONS in the environment" in line
+    assert "leave out --iterations (HOPBUS_ITERATIONS is set in the environment)" in line
     line = _one_error_line(hopbus("train", "--resume", "no-such-run", cwd=tmp_path))
     assert "no such results folder" in line
     run = tmp_path / "runs" / "r7"

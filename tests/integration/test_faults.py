@@ -299,7 +299,7 @@ def test_a_frozen_worker_is_lost_not_waited_out_when_its_heartbeat_is_the_timeou
     args, run = train_args(
         redis_url, tmp_path / "run", "-n", "4", "--topology", "complete", "--mode", "backup",
         "--backup", "1", "--max-ig", "2", "--iterations", "150", "--iter-time", "0.02",
-        "--eval-every", "0", "--timeout", "3",
+        "--eval-every", "0", "--timeout", "5",
     )  # fmt: skip
     proc = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()

@@ -1278,7 +1278,8 @@ def test_a_worker_frozen_at_the_end_is_judged_by_its_heartbeat(redis_url, redis_
 def test_inspect_says_a_live_heartbeat_is_of_a_worker_that_said_it_left(redis_url, redis_client):
     """A worker that failed or was interrupted leaves its heartbeat to run out its TTL; an
     event says why it left. inspect keeps it alive (an event anyone can write proves
-    nothing), but says what it said, so a process gone since is not shown as running."""
+    nothing), but once the heartbeat has gone unrenewed for half its TTL says what it said,
+    so a process gone since is not shown as running; a replacement's is its own."""
     from hopbus.coord.snapshot import snapshot
 
     run = f"leaving{os.getpid()}"
@@ -1286,8 +1287,14 @@ def test_inspect_says_a_live_heartbeat_is_of_a_worker_that_said_it_left(redis_ur
     assert made.returncode == 0, made.stderr
     keys = RunKeys(run)
     redis_client.set(keys.iter(0), 3)
-    redis_client.set(keys.hb(0), int(time.time() * 1000), px=60_000)
     redis_client.xadd(keys.events, {"kind": "interrupted", "worker": 0, "message": "Ctrl-C"})
+    # renewed a moment ago (TTL 10 s): alive, whatever an event says
+    redis_client.set(keys.hb(0), int(time.time() * 1000), px=10_000)
+    assert snapshot(redis_client, keys)["workers"][0]["state"].endswith(" s ago)")
+    # not renewed for over half its TTL: what it said is shown beside
+    redis_client.set(keys.hb(0), int(time.time() * 1000) - 7_000, px=3_000)
     state = snapshot(redis_client, keys)["workers"][0]["state"]
     assert state.startswith("alive (") and state.endswith("; it says it left: interrupted)")
+    redis_client.xadd(keys.events, {"kind": "rejoin", "worker": 0})  # a replacement came in
+    assert snapshot(redis_client, keys)["workers"][0]["state"].endswith(" s ago)")
     assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
