@@ -16,7 +16,7 @@ from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
 
 WORKERS = 4
-ITERATIONS = 150
+ITERATIONS = 300  # long enough that the run is still going when the resume is tried
 EVERY = 10
 
 

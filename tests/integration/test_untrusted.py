@@ -991,11 +991,13 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     try:
         wait_for(lambda: client.xlen(keys.progress) > 10, 60, "training to start")
         name, kept = keys.prefix + key, keys.kept_type(keys.prefix + key)
-        client.delete(name)
+        swap = client.pipeline(transaction=True)  # in one step: no worker sees the key missing
+        swap.delete(name)  # (it would put a lost counter back, as after a broker restart)
         if kept == "string":
-            client.hset(name, "not", "a counter")
+            swap.hset(name, "not", "a counter")
         else:
-            client.set(name, "not a stream")
+            swap.set(name, "not a stream")
+        swap.execute()
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
