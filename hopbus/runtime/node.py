@@ -183,8 +183,8 @@ class Node:
         self.redis_url = redis_url
         self.bind = bind
         self.advertise = advertise
-        if timeout is not None:  # given here, not read from the run's checked settings
-            timeout = check_setting("timeout", timeout)
+        if timeout is not None:  # given to this node alone (hopbus ps/worker --timeout): the
+            timeout = check_setting("timeout", timeout)  # run's rule (worker_for's is earlier)
         self._timeout_flag = timeout
         self._device_flag = device  # hopbus worker --device: this worker's, over the run's
         self.timeout = (

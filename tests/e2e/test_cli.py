@@ -210,12 +210,14 @@ def test_each_commands_help_lists_the_modes_it_runs():
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-3", "0"])
 def test_a_timeout_given_to_one_worker_is_checked_as_a_runs(value):
-    """hopbus worker --timeout, HOPBUS_TIMEOUT and hopbus.join(timeout=) are not read from a
-    run's checked settings: NaN or infinity waited forever, a negative one was a traceback
-    from the Redis client. Each is refused by the run's own rule, in one line."""
+    """hopbus worker and ps --timeout, HOPBUS_TIMEOUT and hopbus.join(timeout=) are not read
+    from a run's checked settings: NaN or infinity waited forever, a negative one was a
+    traceback from the Redis client. Each is refused by the run's own rule, in one line."""
     nowhere = "redis://127.0.0.1:9/0"  # never reached: refused before
     line = _one_error_line(hopbus("worker", "--run", "r", "--redis", nowhere, "--timeout", value,
                                   "--", sys.executable, "-c", "pass"))  # fmt: skip
+    assert line.startswith("hopbus: error: --timeout: input should be"), line
+    line = _one_error_line(hopbus("ps", "--run", "r", "--redis", nowhere, "--timeout", value))
     assert line.startswith("hopbus: error: --timeout: input should be"), line
     p = subprocess.run(
         [sys.executable, "-c", "import hopbus; hopbus.join()"], capture_output=True, text=True,
