@@ -329,6 +329,8 @@ def check_setting(field: str, value: Any, name: str | None = None) -> Any:
     by the rule its field has in a run's settings: one ConfigError line naming it as ``name``
     (default: its flag)."""
     info = TrainConfig.model_fields[field]
+    if isinstance(value, bool):  # True is no number of seconds (a run's settings say so too)
+        raise ConfigError(f"{name or flag_of(field)}: a number is needed, not {value!r}")
     try:
         return TypeAdapter(typing.Annotated[info.annotation, info]).validate_python(value)
     except ValidationError as exc:

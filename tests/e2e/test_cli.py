@@ -232,6 +232,13 @@ def test_a_timeout_given_to_one_worker_is_checked_as_a_runs(value):
                env={"HOPBUS_TIMEOUT": value})  # fmt: skip
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("hopbus: error: --timeout (HOPBUS_TIMEOUT): input"), p.stderr
+    if value == "nan":  # and a boolean is no number of seconds (it was taken for 1)
+        p = subprocess.run(
+            [sys.executable, "-c", "import hopbus; hopbus.join(timeout=True)"], text=True,
+            capture_output=True, env={**os.environ, "HOPBUS_RUN": "r", "HOPBUS_REDIS": nowhere},
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert p.stderr == "hopbus: error: join(timeout): a number is needed, not True\n"
 
 
 def test_sim_takes_the_knob_its_help_names_for_ps_elastic():
