@@ -164,6 +164,13 @@ def beating(value: Any, pttl: Any) -> bool:
     return isinstance(pttl, int) and pttl > 0 and text(value, 40) != FINISHED
 
 
+def lapsing(value: Any, pttl: Any, ttl_ms: float) -> bool:
+    """Whether a heartbeat key of a node whose heartbeat lives ``ttl_ms`` is beating but has
+    gone unrenewed for half its life (a live node renews it every third): frozen, cut off, or
+    its process gone. By its remaining TTL, which no host's clock skews."""
+    return beating(value, pttl) and pttl < ttl_ms / 2
+
+
 def gone(value: Any, pttl: Any) -> bool:
     """Whether a heartbeat key says its node is gone: neither beating nor finished."""
     return not beating(value, pttl) and text(value, 40) != FINISHED

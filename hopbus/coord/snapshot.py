@@ -140,10 +140,8 @@ def snapshot(
     rest = pipe.execute()
     dead, joining = (read.ids(members, n) for members in rest[3 * n :])
     beats = [rest[3 * i] for i in range(n)]
-    half = Heartbeat.ttl_ms_for(min(cfg.heartbeat, cfg.timeout)) / 2  # unrenewed that long:
-    lapsing = [  # its process stopped, or froze (a live one renews every third of the TTL)
-        read.beating(rest[3 * i], rest[3 * i + 1]) and rest[3 * i + 1] < half for i in range(n)
-    ]
+    ttl_ms = Heartbeat.ttl_ms_for(min(cfg.heartbeat, cfg.timeout))
+    lapsing = [read.lapsing(rest[3 * i], rest[3 * i + 1], ttl_ms) for i in range(n)]
     # why gone, or going, as each said (never proof): read only when one is (a stream of up
     # to EVENTS_MAXLEN, which hopbus top would read on every refresh)
     said = said_why(client, keys, n) if any(hb is None for hb in beats) or any(lapsing) else {}

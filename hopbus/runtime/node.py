@@ -438,20 +438,27 @@ class Node:
         dead = [j for j in peers if j in self._unseen and now - self._unseen[j] >= period]
         return dead if dead and self._lose(dead, what) else []
 
-    def _out_of_time(self, since: float, peers: Sequence[int]) -> bool:
-        """A wait on ``peers`` begun at ``since`` (monotonic) has outlasted --timeout, and
-        none of them is being judged: one whose heartbeat is gone already gets the renewal
-        period ``_check_alive`` gives it before declaring it dead, and one whose heartbeat
-        is running out unrenewed (``_lapsing``) the time to run out. A frozen peer's
-        heartbeat, capped at --timeout, runs out about when a wait on it does, and the run
-        failed calling it alive where it could go on without it. Twice --timeout ends any
-        wait."""
+    def _out_of_time(self, since: float, peers: Sequence[int]) -> str | None:
+        """None while a wait on ``peers`` begun at ``since`` (monotonic) may go on; once it
+        may not, why, as far as being judged tells ("" if no peer was). It goes on past
+        --timeout while a peer is being judged: one whose heartbeat is gone already gets the
+        renewal period ``_check_alive`` gives it before declaring it dead, and one whose
+        heartbeat is running out unrenewed (``read.lapsing``) the time to run out. A frozen
+        peer's heartbeat, capped at --timeout, runs out about when a wait on it does, and the
+        run failed calling it alive where it could go on without it. Twice --timeout ends
+        any wait."""
         spent = time.monotonic() - since
         if spent <= self.timeout:
-            return False
-        if spent > 2 * self.timeout:
-            return True
-        return not any(j in self._unseen for j in peers) and not self._lapsing(peers)
+            return None
+        judging = any(j in self._unseen for j in peers) or self._lapsing(peers)
+        if not judging:
+            return ""
+        if spent <= 2 * self.timeout:
+            return None
+        return (
+            "its heartbeat lapsed, but it was not declared dead within twice --timeout: "
+            "docs/faults.md"
+        )
 
     def _waited(self, since: float) -> str:
         """How long a wait that ran out lasted, as its line says it: --timeout, or what it
@@ -459,28 +466,16 @@ class Node:
         spent = time.monotonic() - since
         return f"{self.timeout:g}" if spent < self.timeout + 1 else f"{spent:.0f}"
 
-    def _lapsed_line(self, peers: Sequence[int]) -> str | None:
-        """Why a wait that outlasted twice --timeout on a peer being judged did: its
-        heartbeat went, yet it was not declared dead (None if no peer was being judged)."""
-        if not any(j in self._unseen for j in peers) and not self._lapsing(peers):
-            return None
-        return (
-            "its heartbeat lapsed, but it was not declared dead within twice --timeout: "
-            "docs/faults.md"
-        )
-
     def _lapsing(self, peers: Sequence[int]) -> bool:
-        """Whether one of ``peers`` has a heartbeat not renewed for half its life (a live
-        node renews it every third): frozen, or cut off, about to be gone. By its remaining
-        TTL in Redis, which no host's clock skews."""
+        """Whether one of ``peers`` has a heartbeat running out unrenewed (``read.lapsing``,
+        by this node's own TTL: the run's)."""
         if self.heartbeat is None:
             return False
-        half = self.heartbeat.ttl_ms / 2
         try:
             beats = heartbeats(self.r, self.keys, peers)
         except redis.RedisError:
             return False
-        return any(read.beating(v, ttl) and ttl < half for v, ttl in beats.values())
+        return any(read.lapsing(v, ttl, self.heartbeat.ttl_ms) for v, ttl in beats.values())
 
     def _lose(self, dead: Sequence[int], what: str, reason: str = "") -> bool:
         """``dead`` lost their heartbeat while this node waited for ``what`` from them. Here
@@ -532,8 +527,9 @@ class Node:
                     f"declared dead ({self.keys.dead}) could send: it cannot go on without "
                     "them (docs/faults.md)"
                 )
-            if self._out_of_time(t0, late):
-                why = self._lapsed_line(late) or self._why_late(late, sent_in)
+            lapsed = self._out_of_time(t0, late)
+            if lapsed is not None:
+                why = lapsed or self._why_late(late, sent_in)
                 raise RunFailure(f"{self.who} waited {self._waited(t0)} s for {what} from "
                                  f"{names(late, self.ps_id)} ({why})")  # fmt: skip
         return time.monotonic() - t0
@@ -607,8 +603,9 @@ class Node:
                     lost = self._check_alive(full, "room in its queue")
                 gone += lost
                 full = [j for j in full if j not in lost]
-                if full and self._out_of_time(t0, full):
-                    why = self._lapsed_line(full) or (
+                lapsed = self._out_of_time(t0, full) if full else None
+                if lapsed is not None:
+                    why = lapsed or (
                         f"its heartbeat alive ({box.why_full()}; raise --timeout for slow models)"
                     )
                     raise RunFailure(

@@ -297,8 +297,9 @@ class Worker(Node):
                 if self._check_alive([owner], f"a token to enter iteration {eff.to}"):
                     break  # declared dead: its queue no longer binds
                 self._check_queue(owner, eff, need[owner])
-                if self._out_of_time(t0, [owner]):
-                    why = self._lapsed_line([owner]) or (
+                lapsed = self._out_of_time(t0, [owner])
+                if lapsed is not None:
+                    why = lapsed or (
                         "alive, but it did not advance; raise --timeout for slow models"
                     )
                     raise RunFailure(
