@@ -129,6 +129,24 @@ def env_without(package: str, folder: Path) -> dict[str, str]:
     return clean_env(PYTHONPATH=str(folder))
 
 
+def follow_through(
+    watch: subprocess.Popen, workers: list[subprocess.Popen], act, timeout: float = 120
+) -> tuple[str, str]:
+    """``act()`` (a fault injected) while ``watch`` follows a run of hand-started ``workers``,
+    then the watch and every worker to their end, killing what is left should that fail:
+    the watch's stdout and stderr."""
+    try:
+        act()
+        out, err = watch.communicate(timeout=timeout)
+        for p in workers:
+            p.communicate(timeout=timeout)
+    finally:
+        for p in [*workers, watch]:
+            if p.poll() is None:
+                p.kill()
+    return out, err
+
+
 def wait_for(predicate, timeout: float, what: str):
     """``predicate()``'s first truthy value, polled until ``timeout`` seconds have passed (an
     observable condition another process brings about), or AssertionError naming ``what``."""

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster import clean_env, hopbus, processes_mentioning, train, train_args, wait_iteration
+from cluster import (
+    clean_env,
+    follow_through,
+    hopbus,
+    processes_mentioning,
+    train,
+    train_args,
+    wait_iteration,
+)
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.progress import parse_entry
@@ -334,16 +342,12 @@ def test_a_watch_counts_the_steps_taken_after_the_stop(redis_url, redis_client, 
     watch = subprocess.Popen(
         args, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    try:
+
+    def stop() -> None:
         wait_iteration(redis_client, keys, 0, KILL_AT)
         redis_client.set(keys.stop, "stopped from outside")
-        out, err = watch.communicate(timeout=120)
-        for p in procs:
-            p.communicate(timeout=120)
-    finally:
-        for p in [*procs, watch]:
-            if p.poll() is None:
-                p.kill()
+
+    out, err = follow_through(watch, procs, stop)
     assert watch.returncode == 1, err
     s = json.loads(out)
     assert not s["finished"] and "stopped from outside" in s["failure"]

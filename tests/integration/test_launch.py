@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, wait_for
+from cluster import (
+    clean_env,
+    follow_through,
+    hopbus,
+    hopbus_args,
+    processes_mentioning,
+    wait_for,
+)
 
 from hopbus.coord.keys import RunKeys
 
@@ -563,17 +570,13 @@ def test_a_script_worker_stopped_by_hand_says_why(redis_url, tmp_path, script):
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
     )  # fmt: skip
-    try:
-        client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url)
+
+    def interrupt() -> None:
         wait_for(lambda: int(client.get(RunKeys(run).iter(1)) or 0) >= 5, 120, "the run")
         workers[1].send_signal(signal.SIGTERM)
-        _, said = watch.communicate(timeout=120)
-        for w in workers:
-            w.communicate(timeout=120)
-    finally:
-        for p in [*workers, watch]:
-            if p.poll() is None:
-                p.kill()
+
+    _, said = follow_through(watch, workers, interrupt)
     assert workers[1].returncode == 130 and watch.returncode == 1, said
     last = said.strip().splitlines()[-1]
     assert "worker 1" in last and "interrupted (Ctrl-C or SIGTERM)" in last, last
