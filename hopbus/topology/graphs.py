@@ -21,7 +21,9 @@ from hopbus.errors import TopologyError
 from hopbus.userfiles import read_text
 
 WEIGHT = "weight"
-_INT = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take other scripts' digits
+# ASCII digits only (int() would also take other scripts' digits), and few of them: int() refuses
+# more than 4,300 digits with a ValueError, and no count hopbus takes needs more than nine
+_INT = re.compile(r"[0-9]{1,9}")
 
 #: The most workers a graph may have. Nothing keeps an n x n matrix for a run (Table 1 is
 #: checked through the edges, hopbus/gaps.py), but its bounds need the shortest paths from every
@@ -197,7 +199,7 @@ def from_edge_lines(lines: Iterable[str], origin: str = "edge list") -> nx.DiGra
             # what the line holds is not quoted: the file may be anything (docs/security.md)
             raise TopologyError(f"{where}: expected 'src dst [weight]', got {len(parts)} fields")
         if not (_INT.fullmatch(parts[0]) and _INT.fullmatch(parts[1])):
-            raise TopologyError(f"{where}: worker ids must be integers >= 0")
+            raise TopologyError(f"{where}: worker ids must be integers from 0 to {MAX_WORKERS - 1}")
         a, b = int(parts[0]), int(parts[1])
         if len(parts) == 3:
             try:

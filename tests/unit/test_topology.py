@@ -136,6 +136,8 @@ def test_edge_list_parsing():
     [
         (["0 1 2 3"], "expected 'src dst"),
         (["a b"], "integers"),
+        # int() refuses more than 4,300 digits with a ValueError of its own
+        (["0 " + "1" * 5000, "1 0"], "integers from 0 to"),
         (["0 2", "2 0"], "without gaps"),
         (["0 1 0.5", "1 0"], "every edge or on none"),
         (["0 1 1", "1 0 1"], "self-loop"),
@@ -176,6 +178,7 @@ def test_not_strongly_connected_is_refused_naming_the_pair():
         ("ring", 1, "at least 2"),
         ("hierarchical", None, "machine sizes"),
         ("hierarchical:4,x", None, "integers"),
+        ("hierarchical:4," + "1" * 5000, None, "integers"),
         ("hierarchical:4,2,2", 9, "has 8 workers but 9"),
     ],
 )
