@@ -121,6 +121,17 @@ def finite_number(value: Any) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+#: Latest Unix time read as one (the year 5138): a later one is forged, and its milliseconds
+#: would overflow what the tools compute from it
+LATEST_TIME_S = 1e11
+
+
+def timestamp(value: Any) -> float | None:
+    """Unix seconds between 0 and LATEST_TIME_S, or None."""
+    x = finite_number(value)
+    return x if x is not None and 0 <= x < LATEST_TIME_S else None
+
+
 def ids(values: Iterable[Any], n: int) -> set[int]:
     """The members that are node ids 0..n-1 (a set's or a hash's keys); others left out."""
     out = set()
@@ -186,6 +197,15 @@ def _finite_json_number(value: Any) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
+#: What only a worker's final report holds, never its counters: a stats hash, read for a
+#: worker that did not report, can claim none of them (a forged ``final_accuracy`` there made
+#: a failed run finished)
+REPORT_FIELDS = frozenset(
+    {"worker", "iterations", "final_loss", "final_accuracy", "t", "cpu_s", "compute_s",
+     "device", "incarnation", "sketch_exact"}
+)  # fmt: skip
+
+
 def result(
     raw: Any, *, counter: Any, incarnation: Any, iterations: int, beat: Any
 ) -> dict[str, Any] | None:
@@ -221,6 +241,7 @@ def result(
 
 __all__ = [
     "MAX_INT",
+    "REPORT_FIELDS",
     "beating",
     "finite_number",
     "gone",
@@ -232,4 +253,5 @@ __all__ = [
     "result",
     "stream_id",
     "text",
+    "timestamp",
 ]

@@ -182,7 +182,7 @@ def snapshot(
         "run": keys.run,
         "status": run_status(client, keys, n, cfg.iterations),
         "recorded_status": meta.get("status"),
-        "created": read.finite_number(meta.get("created")),
+        "created": read.timestamp(meta.get("created")),
         "config": cfg.public(),
         "workers": workers,
         "token_queues": [

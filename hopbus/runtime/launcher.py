@@ -1321,7 +1321,7 @@ class Launcher:
                 counters = {}
                 for k, v in stats.items():
                     name, value = read.text(k, 64), read.integer(v)
-                    if name is not None and value is not None:
+                    if name is not None and value is not None and name not in read.REPORT_FIELDS:
                         counters[name] = value
                 if counters:
                     results[i] = counters

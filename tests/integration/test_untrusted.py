@@ -9,7 +9,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
 ``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``,
-``starting_run``.
+``starting_run``, ``forged_created``, ``forged_stats``.
 """
 
 from __future__ import annotations
@@ -218,6 +218,8 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     redis_client.xadd(keys.progress, {"worker": 3, "iter": 1, "rejoin": 1, "t": time.time()})
     # and a divergence no worker had (fault ``forged_diverged``)
     redis_client.xadd(keys.events, {"kind": "diverged", "worker": 1, "iteration": 5, "what": "x"})
+    # and a creation time whose milliseconds overflow (fault ``forged_created``: top crashed)
+    redis_client.hset(keys.meta, "created", "1e306")
     watch = subprocess.Popen(
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
                     "--json"),
@@ -590,6 +592,31 @@ def test_a_run_whose_recorded_iterations_were_rewritten_is_no_endless_watch(
     assert watch.returncode == 1, watch.stderr
     (line,) = error_lines(watch.stderr)
     assert "says it finished, but its final report does not count" in line
+
+
+def test_a_forged_counter_finishes_no_run(redis_url, redis_client, tmp_path):
+    """Fault ``forged_stats``: a finished run whose worker 1's report went missing, and whose
+    counters hash claims the report's fields. A watch shows its counters but never takes
+    them for a report: the run is not finished, and no figure of it comes from them."""
+    run = f"stats{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--iterations", "40", "--eval-every", "0",
+                  "--heartbeat", "1.5", "--redis", redis_url).returncode == 0  # fmt: skip
+    keys = RunKeys(run)
+    workers = _workers(redis_url, run, 2)
+    for w in workers:
+        w.communicate(timeout=120)
+    assert all(w.returncode == 0 for w in workers)
+    redis_client.hdel(keys.result, "1")
+    redis_client.hset(keys.stats(1), mapping={"final_accuracy": 1, "t": 1, "iterations": 40})
+    watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
+                   "--json", timeout=60)  # fmt: skip
+    assert watch.returncode == 1, watch.stderr
+    s = json.loads(watch.stdout)
+    assert not s["finished"]
+    assert "its final report does not count" in s["failure"], s["failure"]
+    row = s["per_worker"][1]  # its counters, without what only a report may say
+    assert row["messages"] == 40 and not {"final_accuracy", "t", "iterations"} & set(row), row
+    assert s["final_accuracy"] == s["per_worker"][0]["final_accuracy"]
 
 
 def test_a_worker_whose_model_does_not_load_here_is_heard_by_the_run(redis_url, tmp_path):
