@@ -17,6 +17,7 @@ the smallest over the workers that have an entry so far.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import statistics
@@ -165,6 +166,7 @@ def gap_timeline(entries: Iterable[dict[str, Any]]) -> Curve:
     change a fraction of a millisecond before the one the stream has before it)."""
     current: dict[int, int] = {}
     count: dict[int, int] = {}  # iteration -> workers in it
+    occupied: list[int] = []  # a heap of iterations that had workers (some emptied since)
     low = high = 0
     xs: list[float] = []
     ys: list[float] = []
@@ -172,14 +174,19 @@ def gap_timeline(entries: Iterable[dict[str, Any]]) -> Curve:
         old = current.get(w)
         current[w] = it
         count[it] = count.get(it, 0) + 1
+        if count[it] == 1:
+            heapq.heappush(occupied, it)
         if old is None:
             low = it if len(current) == 1 else min(low, it)
         else:
             count[old] -= 1
             if not count[old]:
                 del count[old]
-                while low not in count:  # the slowest iteration emptied: the next one up
-                    low += 1
+                # the slowest iteration emptied: the lowest one still held (not low + 1, ... in
+                # turn: one forged entry can jump a worker by 10**15)
+                while occupied[0] not in count:
+                    heapq.heappop(occupied)
+                low = occupied[0]
         high = max(high, it)
         xs.append(max(t, xs[-1]) if xs else t)
         ys.append(float(high - low))

@@ -4,6 +4,8 @@ worker's mean iteration time (the summary's own rule) and the iteration gap over
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hopbus.experiments.curves import gap_timeline, iteration_time_per_worker
 from hopbus.summary import RunStats
@@ -89,3 +91,26 @@ def test_metrics_lines_no_run_could_write_are_passed_over(tmp_path):
     path.write_text("\n".join(good + bad) + "\n")
     assert [e["worker"] for e in read_metrics(path, workers=2)] == [0, 1]
     assert len(read_metrics(path)) == 3  # without the run's size: the most any graph has
+
+
+def test_a_forged_jump_of_10_to_the_15_is_one_step_of_the_gap():
+    """A metrics.jsonl line jumping a worker by 10**15 iterations (edited, or forged): the gap
+    follows it at once (it walked up one iteration at a time: hopbus plot hung)."""
+    far = 10**15
+    entries = [_e(0, 1, 0.1), _e(1, 1, 0.2), _e(0, far, 0.3), _e(1, far + 2, 0.4)]
+    assert gap_timeline(entries).y == [0.0, 0.0, far - 1.0, 2.0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), max_size=40))
+def test_gap_timeline_is_max_minus_min_of_where_the_started_workers_are(moves):
+    where: dict[int, int] = {}
+    expected = []
+    t = 0.0
+    entries = []
+    for w, step in moves:
+        t += 1.0
+        it = where.get(w, 0) + step
+        entries.append(_e(w, it, t))
+        where[w] = it
+        expected.append(float(max(where.values()) - min(where.values())))
+    assert gap_timeline(entries).y == expected
