@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from hopbus.baselines.allreduce import FlatLayout
+from hopbus.coord import read
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.heterogeneity import ring_allreduce_s
 from hopbus.runtime.compute import Trainer
@@ -166,7 +167,9 @@ class AllReduceWorker(Node):
         all-reduce of k waits for, when any is that late; a ring cannot tell otherwise."""
         assert self.r is not None
         iters = self.r.mget([self.keys.iter(j) for j in self._others])
-        return [j for j, v in zip(self._others, iters, strict=True) if v is None or int(v) < k]
+        # a counter that is no count (garbled, forged) shows no entry into k either
+        entered = [read.integer(v) for v in iters]
+        return [j for j, e in zip(self._others, entered, strict=True) if e is None or e < k]
 
     def _failed(self, k: int, what: str, exc: RuntimeError, after: float) -> NoReturn:
         """A collective that failed early means a peer left: a crash resets the ring at once,

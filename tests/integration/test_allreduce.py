@@ -13,8 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import clean_env, env_without, processes_mentioning, train, train_args
+from cluster import (
+    clean_env,
+    env_without,
+    processes_mentioning,
+    train,
+    train_args,
+    wait_iteration,
+)
 
+from hopbus.coord.keys import RunKeys
 from hopbus.data import load_dataset
 from hopbus.models import build_model
 
@@ -119,6 +127,30 @@ def test_a_hung_worker_ends_the_run_within_the_timeout(redis_url, tmp_path, torc
     assert last.startswith(f"hopbus: error: run {run} failed: worker "), last
     assert "the all-reduce of iteration 5" in last
     assert "worker 2" in last.split("all-reduce", 1)[1]  # the one still before iteration 5
+    assert not processes_mentioning(run)
+
+
+def test_a_garbled_counter_of_a_late_worker_is_read_as_not_there(
+    redis_url, redis_client, tmp_path, torch_installed
+):
+    """Fault ``garbled_counter``: the hung worker's counter overwritten with text while the
+    others wait for it. They read it as not entered (a ValueError of int() was their
+    traceback) and name it when the timeout ends."""
+    env = clean_env(HOPBUS_FAULTS="2:hang_at=5")
+    args, run = train_args(redis_url, tmp_path / "run", "-n", str(N), "--mode", "allreduce")
+    p = subprocess.Popen(
+        [*args, "--timeout", "3"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True, env=env,
+    )  # fmt: skip
+    keys = RunKeys(run)
+    wait_iteration(redis_client, keys, 2, 4)  # it stops short of 5: its counter stays
+    redis_client.set(keys.iter(2), "x")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert "the all-reduce of iteration 5" in last and "worker 2" in last, last
+    logs = "".join(f.read_text() for f in (tmp_path / "run" / "logs").glob("*.log"))
+    assert "Traceback" not in err + logs
     assert not processes_mentioning(run)
 
 
