@@ -84,10 +84,11 @@ def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = batch.get(b"labels") if isinstance(batch, dict) else None
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
         raise DataError(f"CIFAR-10 file {str(path)!r}: no uint8 'data' matrix")
-    if data.shape[1] != N_PIXELS or labels is None or len(labels) != len(data):
+    count = len(labels) if isinstance(labels, list | np.ndarray) and np.ndim(labels) == 1 else None
+    if data.shape[1] != N_PIXELS or count != len(data) or not count:
         raise DataError(
-            f"CIFAR-10 file {str(path)!r}: expected N x {N_PIXELS} data and N labels, "
-            f"got {data.shape} and {None if labels is None else len(labels)} labels"
+            f"CIFAR-10 file {str(path)!r}: expected N x {N_PIXELS} data and N labels, N above "
+            f"0, got {data.shape} and {'no list of' if count is None else count} labels"
         )
     try:
         y = np.asarray(labels, dtype=np.int64)

@@ -12,6 +12,11 @@ MAX_DENSE_BYTES = 2 * 2**30
 """Largest dense feature matrix a loader builds: every worker process holds its own copy."""
 
 
+#: The largest magnitude a feature may have: hopbus computes in float32, where a larger one is
+#: inf (a data file or a ``--data`` function holding one is refused, not trained into NaN)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class DataError(UserError):
     """A data set spec or data file that cannot be used."""
 

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 from hopbus.data.batches import shard_rows
-from hopbus.data.dataset import DataError, Dataset, Keep, check_dense_size, split_rows
+from hopbus.data.dataset import (
+    FLOAT32_MAX,
+    DataError,
+    Dataset,
+    Keep,
+    check_dense_size,
+    split_rows,
+)
 
 SPLIT_SEED = 0
 """Fixed, independent of the run's seed: every run tests on the same rows."""
@@ -21,7 +28,6 @@ SPLIT_SEED = 0
 TEST_FRACTION = 0.2
 MAX_CLASSES = 1000
 MAX_INDEX = 2**31 - 1  # what the sparse parser's column indices hold
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number(token: bytes) -> float | None:
@@ -55,7 +61,7 @@ def _problem(line: bytes) -> str | None:
             return f"field {i} has a value that is not a number"
         if not np.isfinite(number):
             return f"field {i} has a value that is not finite"
-        if abs(number) > _FLOAT32_MAX:
+        if abs(number) > FLOAT32_MAX:
             return f"field {i} has a value beyond float32's range (features are float32)"
         if digits.isdigit():
             significant = digits.lstrip(b"0") or b"0"  # int() of 5000 digits would raise

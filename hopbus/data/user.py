@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hopbus.data.dataset import DataError, Dataset, check_dense_size
+from hopbus.data.dataset import FLOAT32_MAX, DataError, Dataset, check_dense_size
 from hopbus.models.custom import call_user, kind_of, load_callable
 
 MAX_CLASSES = 100_000
@@ -56,9 +56,18 @@ def load_user_data(spec: str) -> Dataset:
             )
         check_dense_size(f"--data {spec!r}: {xn}", len(x), int(np.prod(x.shape[1:])))
         for a, n in ((x, xn), (y, yn)):
-            if a.dtype.kind == "f" and not np.isfinite(a).all():
-                row = int(np.argwhere(~np.isfinite(a.reshape(len(a), -1)))[0][0])
-                raise DataError(f"--data {spec!r}: {n} row {row} holds a value that is not finite")
+            if a.dtype.kind != "f":
+                continue
+            # hopbus computes in float32: a float64 beyond its range would turn into inf there,
+            # and the run would fail later as a divergence
+            flat = a.reshape(len(a), -1)
+            with np.errstate(invalid="ignore"):
+                bad = ~(np.abs(flat) <= FLOAT32_MAX)  # NaN and inf too
+            if bad.any():
+                row, col = (int(v) for v in np.argwhere(bad)[0])
+                finite = np.isfinite(flat[row, col])
+                what = "beyond float32's range" if finite else "that is not finite"
+                raise DataError(f"--data {spec!r}: {n} row {row} holds a value {what}")
     if x_train.shape[1:] != x_test.shape[1:]:
         raise DataError(
             f"--data {spec!r}: x_train rows are {list(x_train.shape[1:])}, x_test rows "

@@ -141,6 +141,10 @@ def test_user_data_is_checked(tmp_path):
             bad = x.copy(); bad[7, 0, 0, 0] = np.nan
             return bad, y, x[:5], y[:5]
 
+        def float64_only():
+            bad = x.copy(); bad[3, 1, 0, 0] = 1e39  # finite in float64, inf in float32
+            return bad, y, x[:5], y[:5]
+
         def negative():
             return x, y - 1, x[:5], y[:5]
 
@@ -165,6 +169,7 @@ def test_user_data_is_checked(tmp_path):
         ("three", "expected 4 arrays, \\(x_train, y_train, x_test, y_test\\)"),
         ("short", "x_train has 20 rows and y_train 10"),
         ("nan", "x_train row 7 holds a value that is not finite"),
+        ("float64_only", "x_train row 3 holds a value beyond float32's range"),
         ("negative", "integer labels must be 0..C-1, found -1"),
         ("huge", "integer labels must be 0..C-1 with C at most 100000, found 2000000000000 "),
         ("shapes", "x_train rows are \\[4, 4, 1\\], x_test rows \\[2, 4, 1\\]"),

@@ -227,6 +227,13 @@ def test_cifar10_missing_pieces(tmp_path: Path) -> None:
     with (tmp_path / "test_batch").open("wb") as f:
         pickle.dump({b"data": np.zeros((2, 10), np.uint8), b"labels": [0, 1]}, f)
     assert "3072" in refused(f"cifar10:{tmp_path}")
+    # a scalar where the labels go (len() of it raised), and an empty test set (its loss of
+    # 0.0 would have met any --target-loss at once)
+    for labels, rows, said in [(5, 2, "no list of labels"), ([], 0, "got (0, 3072) and 0")]:
+        with (tmp_path / "test_batch").open("wb") as f:
+            pickle.dump({b"data": np.zeros((rows, 3072), np.uint8), b"labels": labels}, f)
+        message = refused(f"cifar10:{tmp_path}")
+        assert "N above 0" in message and said in message, message
 
 
 # shard and Batches
