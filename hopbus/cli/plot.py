@@ -31,6 +31,8 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         return json.loads(text)
+    except RecursionError:  # arrays nested deeper than any summary's
+        raise ConfigError(f"{path} is not a run's JSON (nested too deep)") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
         raise ConfigError(f"{path} is not valid JSON{where}") from None

@@ -186,7 +186,7 @@ def read_summary(path: Path) -> dict[str, Any]:
     its end wrote one): the figures then draw what the metrics alone give."""
     try:
         obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
 

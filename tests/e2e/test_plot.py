@@ -130,6 +130,7 @@ def test_help_says_what_the_panels_show():
         ("bad-results", "results.json is not valid JSON"),
         ("results-without-runs", "is not an experiment's results"),
         ("bad-summary", "summary.json is not valid JSON"),
+        ("deep-summary", "summary.json is not a run's JSON (nested too deep)"),
         ("bad-summary-in-experiment", "g1/a/summary.json is not valid JSON"),
         ("unknown-group", "--group 'g3' is not a group of"),
         ("group-of-a-run", "--group is for an experiment folder"),
@@ -149,10 +150,12 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         path.mkdir()
         text = '{"runs": [' if case == "bad-results" else '{"runs": [{"group": "g"}]}'
         (path / "results.json").write_text(text)
-    elif case in ("bad-summary", "group-of-a-run", "out-in-no-folder"):
+    elif case in ("bad-summary", "deep-summary", "group-of-a-run", "out-in-no-folder"):
         _copy(run_folder, path)
         if case == "bad-summary":
             (path / "summary.json").write_text('{"wall_s": ')
+        elif case == "deep-summary":  # json's RecursionError was a traceback
+            (path / "summary.json").write_text("[" * 100_000)
         args = {
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
