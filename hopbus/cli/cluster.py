@@ -473,7 +473,7 @@ def worker_cmd(
     redis: o.RedisUrl = None,
     bind: o.Bind = DEFAULT_BIND,
     advertise: o.Advertise = None,
-    timeout: o.Timeout = None,
+    timeout: o.NodeTimeout = None,
     curve: o.CurveNode = None,
     device: Annotated[
         str | None,
@@ -645,7 +645,7 @@ def ps_cmd(
     redis: o.RedisUrl = None,
     bind: o.Bind = DEFAULT_BIND,
     advertise: o.Advertise = None,
-    timeout: o.Timeout = None,
+    timeout: o.NodeTimeout = None,
     curve: o.CurveNode = None,
     model: o.GivenModel = None,
     data: o.GivenData = None,

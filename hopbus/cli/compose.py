@@ -321,13 +321,19 @@ def generate_cmd(**params: Any) -> None:
     if total < 2:
         raise ConfigError(f"{total} worker(s) (--cpu, --gpu, --class): a run needs at least 2")
     from hopbus.coord.keys import check_run_id
-    from hopbus.models.custom import is_callable_spec
+    from hopbus.models.custom import SCRIPT, is_callable_spec
     from hopbus.runtime.launcher import check_inputs
     from hopbus.runtime.own_code import given_env
 
     if run is not None:
         check_run_id(run)
     given = {**o.run_flags(params), "workers": total}
+    if given["model"] == SCRIPT:  # its workers would be refused: they run no command
+        raise ConfigError(
+            "--model script: the stack's workers run hopbus's own worker, not a script; give "
+            "your model as --model MODULE:FUNCTION (its file in the --code folder), or start "
+            "your script with hopbus worker --run R -- COMMAND in containers of your own"
+        )
     own = any(v is not None and is_callable_spec(v) for v in (given["model"], given["data"]))
     # the model and data are built where the workers run (init's hopbus create checks them):
     # this host needs neither TensorFlow nor the user's modules

@@ -34,10 +34,10 @@ PANEL_TRAIN = "Training"
 PANEL_CLUSTER = "Cluster"
 
 
-def _help(field: str, extra: str = "", text: str | None = None) -> str:
+def _help(field: str, extra: str = "", text: str | None = None, default: str | None = None) -> str:
+    """The field's description, ``extra``, and its default (``default``: said otherwise)."""
     info = TrainConfig.model_fields[field]
-    default = info.default
-    shown = default.value if hasattr(default, "value") else default
+    shown = default if default is not None else getattr(info.default, "value", info.default)
     text = (info.description or "" if text is None else text) + (f" {extra}" if extra else "")
     return f"{text} [default: {shown}]" if shown is not None else text
 
@@ -48,6 +48,7 @@ def _opt(
     panel: str = PANEL_RUN,
     extra: str = "",
     text: str | None = None,
+    default: str | None = None,
     **kw: Any,
 ) -> Any:
     """The flag of TrainConfig's ``field``: its description (or ``text``), then ``extra``."""
@@ -55,7 +56,7 @@ def _opt(
         flag_of(field),
         *names,
         envvar=env_of(field),
-        help=_help(field, extra, text),
+        help=_help(field, extra, text, default),
         show_default=False,
         rich_help_panel=panel,
         **kw,
@@ -176,7 +177,16 @@ ComputeTime = Annotated[float | None, _opt("compute_time", panel=PANEL_SIM)]
 Latency = Annotated[float | None, _opt("latency", panel=PANEL_SIM)]
 Jitter = Annotated[float | None, _opt("jitter", panel=PANEL_SIM)]
 _SIZE = "In the simulator: only the size of an update, charged on links with a bandwidth."
-SimModel = Annotated[str | None, _opt("model", panel=PANEL_SIM, extra=_SIZE)]
+SimModel = Annotated[
+    str | None,
+    _opt(
+        "model",
+        panel=PANEL_SIM,
+        text="Model: logreg, softmax, mlp, cnn or vgg11 (hopbus's own; for your own model give "
+        "its size with --message-bytes).",
+        extra=_SIZE,
+    ),
+]
 SimData = Annotated[str | None, _opt("data", panel=PANEL_SIM, extra=_SIZE)]
 SimDataDir = Annotated[str | None, _opt("data_dir", panel=PANEL_SIM)]
 SimHidden = Annotated[int | None, _opt("hidden", panel=PANEL_SIM)]
@@ -224,6 +234,11 @@ EvalEvery = Annotated[int | None, _opt("eval_every", panel=PANEL_TRAIN)]
 TargetLoss = Annotated[float | None, _opt("target_loss", panel=PANEL_TRAIN)]
 CheckpointEvery = Annotated[int | None, _opt("checkpoint_every", panel=PANEL_TRAIN)]
 Timeout = Annotated[float | None, _opt("timeout", panel=PANEL_CLUSTER)]
+#: hopbus worker's and ps's: they take the run's --timeout where none is given
+NodeTimeout = Annotated[
+    float | None,
+    _opt("timeout", panel=PANEL_CLUSTER, default="the run's --timeout; 60 until it is read"),
+]
 HeartbeatOpt = Annotated[float | None, _opt("heartbeat", panel=PANEL_CLUSTER)]
 RedisUrl = Annotated[
     str | None,

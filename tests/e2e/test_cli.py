@@ -194,6 +194,10 @@ def test_help_works_everywhere():
         p = hopbus(*args)
         assert p.returncode == 0 and "Usage" in p.stdout
     assert "[default: 5]" in hopbus("sim", "--help", env={"COLUMNS": "200"}).stdout
+    # a worker and a parameter server take the run's --timeout, not 60, where none is given
+    for command in ("worker", "ps"):
+        text = hopbus(command, "--help", env={"COLUMNS": "300"}).stdout
+        assert "[default: the run's --timeout; 60 until it is read]" in text, command
 
 
 def test_each_commands_help_lists_the_modes_it_runs():

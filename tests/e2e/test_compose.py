@@ -208,6 +208,7 @@ def test_a_run_id_given_is_written_into_the_file():
         (["--class", "a:2:1", "--class", "a:1:1"], "given twice"),
         (["--class", "a:2:0"], "between 0.01"),
         (["--cpu", "2", "--run", "no/slash"], "run id"),
+        (["--cpu", "2", "--model", "script"], "the stack's workers run hopbus's own worker"),
     ],
 )
 def test_generate_refuses_bad_input_in_one_line(args, says):
