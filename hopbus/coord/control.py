@@ -22,6 +22,7 @@ from hopbus.coord.client import Lua, PinnedScript
 from hopbus.coord.keys import FINISHED, RunKeys, named_keys
 from hopbus.errors import DeclaredDead
 from hopbus.jsonout import dumps
+from hopbus.topology import token_queue_capacity
 
 PROGRESS_MAXLEN = 1_000_000  # entries kept (approximately): a 16-worker run of 60k iterations
 EVENTS_MAXLEN = 10_000
@@ -326,17 +327,21 @@ return 1
 # counter, every token queue on its edges to live workers rebuilt from the invariant
 # (max_ig + Iter(owner) - Iter(taker)), out of the dead and joining sets, a progress entry
 # rejoin=1 and an event. Refused (returns {0, reason}) if a queue would be negative: the
-# replacement then waits for a later iteration (protocol/membership.rejoin_iteration).
-# Neighbours that are dead are skipped (their own commit rebuilds their queues).
+# replacement then waits for a later iteration (protocol/membership.rejoin_iteration);
+# likewise if a queue would hold more than any can (Table 1's capacity on the longest path, a
+# counter far ahead was forged: a script filling it would freeze Redis for every client), or
+# a neighbour's counter is no count. Neighbours that are dead are skipped (their own commit
+# rebuilds their queues).
 # KEYS: 1 its iter, 2 dead, 3 joining, 4 hb, 5 progress, 6 events, then per in-neighbour j:
 #       iter:j and TokenQ(self->j), then per out-neighbour m: iter:m and TokenQ(m->self),
 #       then the broker marks, last the incarnation hash
 # ARGV: 1 worker, 2 k, 3 max_ig, 4 ni, 5 no, 6 time, 7 progress maxlen, 8 events maxlen,
-#       then the ni in-neighbours' ids, then the no out-neighbours' ids, the broker's run id,
-#       last its incarnation
+#       then the ni in-neighbours' ids, then the no out-neighbours' ids, the most tokens a
+#       queue can hold, the broker's run id, last its incarnation
 _COMMIT_REJOIN = """
 local k, ig = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ni, no = tonumber(ARGV[4]), tonumber(ARGV[5])
+local cap = tonumber(ARGV[#ARGV - 2])
 if redis.call('HGET', KEYS[#KEYS], ARGV[1]) ~= ARGV[#ARGV] then
   return {0, 'another replacement took its place'}
 end
@@ -348,9 +353,13 @@ for p = 1, ni + no do
   if redis.call('SISMEMBER', KEYS[2], ARGV[8 + p]) == 0 then
     local other = redis.call('GET', KEYS[5 + 2 * p])
     if not other then return {0, 'worker ' .. ARGV[8 + p] .. ' has no counter in Redis'} end
-    local n = ig + tonumber(other) - k
-    if p <= ni then n = ig + k - tonumber(other) end
-    if n < 0 then
+    local it = tonumber(other)
+    if not it or not string.match(other, '^[0-9]+$') then
+      return {0, 'worker ' .. ARGV[8 + p] .. "'s counter in Redis is no count"}
+    end
+    local n = ig + it - k
+    if p <= ni then n = ig + k - it end
+    if n < 0 or n > cap then
       return {0, 'worker ' .. ARGV[8 + p] .. ' is in iteration ' .. other}
     end
     fill[#fill + 1] = {KEYS[6 + 2 * p], n}
@@ -715,7 +724,7 @@ class RunControl:
         return res.decode() if isinstance(res, bytes) else str(res)
 
     def commit_rejoin(
-        self, iteration: int, ins: Sequence[int], outs: Sequence[int], max_ig: int
+        self, iteration: int, ins: Sequence[int], outs: Sequence[int], max_ig: int, workers: int
     ) -> str | None:
         """Enter ``iteration`` as a live worker again: counter, the token queues to and from
         those of ``ins`` and ``outs`` that are alive as Redis sees it now, rebuilt from the
@@ -730,7 +739,8 @@ class RunControl:
             keys += [k.iter(m), k.tok(m, w)]
         args = [w, iteration, max_ig, len(ins), len(outs), time.time()]
         keys += [k.marks, k.incarnation]
-        args += [PROGRESS_MAXLEN, EVENTS_MAXLEN, *ins, *outs, self.epoch, self.incarnation]
+        cap = token_queue_capacity(max_ig, workers - 1)  # the longest path: n - 1 edges
+        args += [PROGRESS_MAXLEN, EVENTS_MAXLEN, *ins, *outs, cap, self.epoch, self.incarnation]
         res = self._commit_rejoin(keys=keys, args=args)
         if int(res[0]) == 1:
             return None

@@ -529,7 +529,7 @@ class Worker(Node):
                 k, why = None, "a neighbour's counter is not in Redis"
             if k is not None:
                 # every neighbour: one that rejoined since ``dead`` was read needs its queues too
-                why = ctl.commit_rejoin(k, s.in_peers, s.out_peers, max_ig) or ""
+                why = ctl.commit_rejoin(k, s.in_peers, s.out_peers, max_ig, self.topo.n) or ""
                 if not why:
                     assert self.heartbeat is not None
                     self.heartbeat.may_be_dead = False  # live again: a later death is real

@@ -106,8 +106,30 @@ def _replace(redis_client, keys: RunKeys, worker: int) -> RunControl:
     rep = RunControl(redis_client, keys, worker)
     assert rep.begin_rejoin("tcp://127.0.0.1:1", 1000) is None
     assert rep.incarnation == 1
-    assert rep.commit_rejoin(3, [1], [1], max_ig=2) is None
+    assert rep.commit_rejoin(3, [1], [1], max_ig=2, workers=2) is None
     return rep
+
+
+@pytest.mark.parametrize("counter", [b"10000000", b"1e3", b"x"])
+def test_a_forged_counter_rebuilds_no_queue(redis_client, run, counter):
+    """Fault ``forged_counter_at_rejoin``: an out-neighbour's counter far ahead (rebuilding
+    its queue meant that many tokens in one script: Redis frozen for every client, or the
+    script's own error), or no count.
+    The commit is refused, naming the neighbour, and nothing is rebuilt."""
+    keys, _, _ = run
+    rep = RunControl(redis_client, keys, 0)
+    assert rep.begin_rejoin("tcp://127.0.0.1:1", 1000) is None
+    redis_client.set(keys.iter(1), counter)
+    queues = [
+        redis_client.lrange(keys.tok(1, 0), 0, -1),
+        redis_client.lrange(keys.tok(0, 1), 0, -1),
+    ]
+    # as an out-neighbour only: as an in-neighbour far ahead, its queue would be negative
+    why = rep.commit_rejoin(3, [], [1], max_ig=2, workers=2)
+    assert why is not None and why.startswith("worker 1"), why
+    assert queues == [redis_client.lrange(keys.tok(1, 0), 0, -1),
+                      redis_client.lrange(keys.tok(0, 1), 0, -1)]  # fmt: skip
+    assert redis_client.sismember(keys.dead, 0)
 
 
 def test_the_process_a_replacement_outdated_can_neither_advance_nor_beat(redis_client, run):
@@ -134,14 +156,17 @@ def test_an_outdated_joiner_cannot_commit_nor_undo_the_next_one(redis_client, ru
     second = RunControl(redis_client, keys, 0)
     assert second.begin_rejoin("tcp://127.0.0.1:2", 1000) is None
     assert second.incarnation == 2
-    assert first.commit_rejoin(3, [1], [1], max_ig=2) == "another replacement took its place"
+    assert (
+        first.commit_rejoin(3, [1], [1], max_ig=2, workers=2)
+        == "another replacement took its place"
+    )
     first.abort_rejoin()
     assert redis_client.sismember(keys.joining, 0) and redis_client.exists(keys.hb(0))
     hb = Heartbeat(first, 1.0)
     hb.may_be_dead = True
     hb.beat()
     assert hb.declared_dead
-    assert second.commit_rejoin(3, [1], [1], max_ig=2) is None
+    assert second.commit_rejoin(3, [1], [1], max_ig=2, workers=2) is None
 
 
 def test_a_restore_after_a_rejoin_keeps_the_replacement_alive(redis_client, run):
