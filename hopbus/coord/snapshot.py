@@ -149,7 +149,8 @@ def snapshot(
     now_ms = time.time() * 1000
     for i in range(n):
         hb, ttl, stats = rest[3 * i : 3 * i + 3]
-        beat = read.finite_number(hb)
+        ms = read.number(hb)  # when it last beat, if its value is a time (1e306 is not)
+        beat = read.timestamp(ms / 1000) if ms is not None else None
         if hb is None:
             state = "gone" if iters[i] is not None else "not started"
             if i in said:  # why, as it said: failed, or interrupted
@@ -157,7 +158,7 @@ def snapshot(
         elif read.text(hb, 40) == FINISHED:
             state = "finished"
         elif beat is not None and ttl and ttl > 0:
-            state = f"alive ({(now_ms - beat) / 1000:.1f} s ago)"
+            state = f"alive ({now_ms / 1000 - beat:.1f} s ago)"
             if lapsing[i] and i in said:  # its process gone? the heartbeat lives out its TTL
                 left = "failed" if said[i][0] == "error" else said[i][0]
                 state = f"{state[:-1]}; it says it left: {left})"

@@ -9,7 +9,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
 ``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``,
-``starting_run``, ``forged_created``, ``forged_stats``.
+``starting_run``, ``forged_created``, ``forged_stats``, ``forged_beat``.
 """
 
 from __future__ import annotations
@@ -218,8 +218,6 @@ def test_forged_progress_entries_and_reports_fool_no_reader(redis_url, redis_cli
     redis_client.xadd(keys.progress, {"worker": 3, "iter": 1, "rejoin": 1, "t": time.time()})
     # and a divergence no worker had (fault ``forged_diverged``)
     redis_client.xadd(keys.events, {"kind": "diverged", "worker": 1, "iteration": 5, "what": "x"})
-    # and a creation time whose milliseconds overflow (fault ``forged_created``: top crashed)
-    redis_client.hset(keys.meta, "created", "1e306")
     watch = subprocess.Popen(
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
                     "--json"),
@@ -819,6 +817,24 @@ def test_a_created_run_nobody_runs_is_cleaned_without_force(redis_url, redis_cli
     assert [w["state"] for w in snap["workers"]] == ["failed", "not started", "not started"]
     cleaned = hopbus("clean", "--run", run, "--redis", redis_url)
     assert cleaned.returncode == 0, cleaned.stderr
+
+
+def test_a_heartbeat_or_creation_from_the_far_future_is_no_time(redis_url, redis_client):
+    """Faults ``forged_created`` and ``forged_beat``: 1e306 as the run's creation time and as a
+    heartbeat's. top's milliseconds of it overflowed (a traceback), inspect printed a
+    300-digit age; both are read as no time."""
+    run = f"farbeat{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--redis", redis_url).returncode == 0
+    keys = RunKeys(run)
+    redis_client.hset(keys.meta, "created", "1e306")
+    redis_client.set(keys.hb(0), "1e306", px=60_000)
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["created"] is None and snap["workers"][0]["state"] == "?", snap["workers"]
+    for command in (["inspect"], ["top", "--once"]):
+        p = hopbus(*command, "--run", run, "--redis", redis_url)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "0" * 30 not in p.stdout, p.stdout
+    assert hopbus("clean", "--run", run, "--redis", redis_url, "--force").returncode == 0
 
 
 def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_client, tmp_path):
