@@ -141,6 +141,14 @@ class HopCallback(keras.callbacks.Callback):
         if self.ctx.session is not None:  # a second fit: go on from where the run is
             with self.ctx._guard():
                 self._go_on()
+            if self.ctx.done:
+                print(
+                    f"hopbus: worker {self.ctx.worker}: the run's {self.ctx.iterations} "
+                    "iterations are done: this fit trains nothing (the model keeps the run's "
+                    "final weights)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         if not self._variables:
             if unbuilt(self.model):
@@ -203,6 +211,11 @@ class HopCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._in_epoch += 1  # a batch begun on data that ran out does not end
         if not self._stepping:
+            # a fit begun after the run was done: Keras cannot be kept from one batch (it
+            # reads stop_training after it), so its step is undone, and the model stays the
+            # one the summary reports
+            assert self.ctx is not None and self.ctx.session is not None
+            self._set(self.ctx.session.x)
             return
         ctx = self.ctx
         assert ctx is not None

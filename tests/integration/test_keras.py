@@ -189,6 +189,10 @@ while not ctx.done and (sys.argv[1] == "loop" or (sys.argv[1] == "once" and fits
               callbacks=[hopbus.keras.HopCallback(ctx)])
     fits += 1
 print("fits", fits, "epochs", ctx.epochs(len(x), 32, validation_split=0.2))
+if sys.argv[1] == "loop":  # and once more after the run is done: its step is undone
+    before = model.get_weights()
+    model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
+    print("changed after done", max(float(abs(a - b).max()) for a, b in zip(before, model.get_weights())))
 """
 
 
@@ -197,7 +201,8 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
     fails saying how far it got, in the run's own count, and what to give fit; with a dataset
     that runs out before its steps_per_epoch, what to do about the data; stopped by a
     callback (EarlyStopping), that no worker may leave before the run ends. A script that
-    fits one epoch at a time until the run is done (a new callback each time) trains through."""
+    fits one epoch at a time until the run is done (a new callback each time) trains through,
+    and a fit after that trains nothing."""
     script = tmp_path / "short.py"
     script.write_text(SHORT_FIT)
 
@@ -233,6 +238,8 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
     for i in range(2):  # 8 fits of 7 batches; the epochs one fit would need: 50 / 7
         log = (tmp_path / "loop" / "logs" / f"worker-{i}.log").read_text()
         assert "fits 8 epochs 1" in log, log  # the run was done: 0 left, at least 1
+        # fault ``fit_after_done``: Keras's one batch of it trained, never averaged
+        assert "changed after done 0.0" in log and "this fit trains nothing" in log, log
     # each validation was the run's evaluation: the final loss is the last one's
     assert all(w["final_loss"] is not None for w in s["per_worker"])
 
