@@ -192,7 +192,8 @@ print("fits", fits, "epochs", ctx.epochs(len(x), 32, validation_split=0.2))
 if sys.argv[1] == "loop":  # and once more after the run is done: its step is undone
     before = model.get_weights()
     model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
-    print("changed after done", max(float(abs(a - b).max()) for a, b in zip(before, model.get_weights())))
+    after = model.get_weights()
+    print("changed after done", max(float(abs(a - b).max()) for a, b in zip(before, after)))
 """
 
 
