@@ -56,6 +56,28 @@ def launched() -> bool:
 
 _HOOKED: list[bool] = []  # once the hook is installed
 _ESCAPED: list[bool] = []  # an exception reached the hook: the script is failing already
+_TERMED: list[bool] = []  # a SIGTERM was turned into a KeyboardInterrupt
+
+
+def _stop_on_sigterm() -> None:
+    """A SIGTERM (hopbus worker stopping its script when the run stops, docker stop) unwinds
+    the script as Ctrl-C does, so that its worker leaves as a built-in one does: its counters
+    as they are now, for the stopped run's summary (Python's default ended the process with
+    them as of its last heartbeat, hundreds of iterations old). Only where the script kept
+    that default, and from the main thread, where Python runs signal handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        _TERMED.append(True)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _show_user_errors() -> None:
@@ -69,6 +91,8 @@ def _show_user_errors() -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         _ESCAPED.append(True)
+        if isinstance(exc, KeyboardInterrupt) and _TERMED:  # the stop, which the hopbus
+            return  # worker that sent it says ("interrupted by SIGTERM"): no traceback
         if isinstance(exc, UserError):
             from hopbus.coord.client import scrub
 
@@ -164,6 +188,7 @@ def join(
     board = tensorboard or os.environ.get(env.TENSORBOARD)
     ctx = Context(node, tensorboard=Path(board) if board else None)
     atexit.register(ctx._at_exit)
+    _stop_on_sigterm()
     _joined[:] = [(run, url, ctx)]
     return ctx
 

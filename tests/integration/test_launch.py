@@ -688,6 +688,10 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
+    # each script's counters as it left (its SIGTERM unwound it, as Ctrl-C does), not as of
+    # its last heartbeat: every iteration it entered sent to its out-neighbours, or skipped
+    for w, entered in zip(s["per_worker"], s["iterations"]["per_worker"], strict=True):
+        assert w.get("messages", 0) + w.get("sends_skipped", 0) >= 2 * (entered - 1), w
     # and the summary table says so, as at any end
     assert "stopped early" in printed and f"max {s['iterations']['max']}" in printed, printed
     # hopbus keeps no checkpoints of a script's model: a resume says what to do instead
