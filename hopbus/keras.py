@@ -35,7 +35,7 @@ import numpy as np
 
 from hopbus.api import Context, join
 from hopbus.errors import RunFailure
-from hopbus.models.custom import NOT_BUILT, unbuilt
+from hopbus.models.custom import NOT_BUILT, USE_EMA, unbuilt, uses_ema
 from hopbus.runtime.session import ALIGN
 from hopbus.transport import layout_of
 
@@ -127,13 +127,8 @@ class HopCallback(keras.callbacks.Callback):
 
     # -- fit's start and end --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if getattr(getattr(self.model, "optimizer", None), "use_ema", False):
-            raise RunFailure(
-                "HopCallback: the optimizer has use_ema=True: at the end of fit Keras puts each "
-                "worker's own moving average of its weights into the model, which hopbus does "
-                "not average, so the workers would end with models unlike each other and unlike "
-                "the accuracy reported; compile without use_ema"
-            )
+        if uses_ema(self.model):
+            raise RunFailure(f"HopCallback: {USE_EMA}")
         if self.ctx is None:
             self.ctx = join()
         self._variables, self._names = shared_weights(self.model)

@@ -213,6 +213,20 @@ def is_keras_model(obj: Any) -> bool:
     )
 
 
+USE_EMA = (
+    "the optimizer has use_ema=True: at the end of fit Keras puts each worker's own moving "
+    "average of its weights into the model, which hopbus does not average, so the workers "
+    "would end with models unlike each other and unlike the accuracy reported; compile "
+    "without use_ema"
+)
+"""Why a Keras model whose optimizer keeps a moving average is refused (HopCallback at fit's
+start, --model before any worker starts)."""
+
+
+def uses_ema(model: Any) -> bool:
+    return bool(getattr(getattr(model, "optimizer", None), "use_ema", False))
+
+
 def check_model(obj: Any, spec: str) -> Any:
     """``obj`` if it is a compiled Keras model or a numpy Model; else one line saying what is
     expected."""
@@ -222,6 +236,8 @@ def check_model(obj: Any, spec: str) -> Any:
                 f"--model {spec!r} returned a Keras model that is not compiled: call "
                 "model.compile(optimizer=..., loss=..., metrics=['accuracy']) before returning it"
             )
+        if uses_ema(obj):
+            raise ConfigError(f"--model {spec!r}: {USE_EMA}")
         return obj
     if all(callable(getattr(obj, m, None)) for m in NUMPY_METHODS):
         return obj
@@ -364,6 +380,7 @@ def keras_mode_line(what: str, mode: object) -> str:
 __all__ = [
     "NOT_BUILT",
     "SCRIPT",
+    "USE_EMA",
     "built_keras",
     "call_user",
     "check_model",
@@ -373,4 +390,5 @@ __all__ = [
     "kind_of",
     "load_callable",
     "unbuilt",
+    "uses_ema",
 ]

@@ -1,4 +1,5 @@
-"""HopCallback's refusals that need no run: checked before it joins one."""
+"""HopCallback's refusals that need no run: checked before it joins one (and by --model
+before any worker starts)."""
 
 import pytest
 
@@ -19,3 +20,15 @@ def test_an_optimizer_that_swaps_in_its_own_moving_average_is_refused():
     callback.set_model(model)
     with pytest.raises(RunFailure, match="the optimizer has use_ema=True"):
         callback.on_train_begin()
+
+
+def test_the_same_model_from_the_command_line_is_refused_before_any_worker_starts():
+    """--model MODULE:FUNCTION returning it: bad input, one line and status 2 before the run,
+    as an uncompiled model is (it failed the run once a worker's fit began: status 1)."""
+    from hopbus.errors import ConfigError
+    from hopbus.models.custom import check_model
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(use_ema=True), loss="mse")
+    with pytest.raises(ConfigError, match="--model 'm.py:f': the optimizer has use_ema=True"):
+        check_model(model, "m.py:f")
