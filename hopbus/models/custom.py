@@ -109,7 +109,11 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
         raise ConfigError(f"{flag} {spec!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
     module_name, func = m["module"], m["func"]
     try:
-        with native_notices_hidden(), told_while_long(f"importing {module_name} ({flag})"):
+        with (
+            native_notices_hidden(),
+            told_while_long(f"importing {module_name} ({flag})"),
+            _argv_as_alone(module_name),
+        ):
             module = _import(module_name, flag, spec)  # a Keras module imports TensorFlow
     except ConfigError:
         raise
@@ -134,6 +138,12 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
     except BaseException as exc:  # the user's module raised while importing
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if isinstance(exc, SystemExit):  # e.g. an argparse at module level, given no flags
+            raise ConfigError(
+                f"{flag} {spec!r}: importing {module_name} ended the program (sys.exit"
+                f"({exc.code!r})): keep what a script does when run, command-line parsing "
+                'included, under `if __name__ == "__main__":`'
+            ) from None
         raise ConfigError(
             f"{flag} {spec!r}: importing {module_name} failed: {_first_line(exc)}"
         ) from None
@@ -145,6 +155,19 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
         article = "an" if kind[:1].lower() in "aeiou" else "a"
         raise ConfigError(f"{flag} {spec!r}: {func!r} is {article} {kind}, not a function")
     return fn
+
+
+@contextlib.contextmanager
+def _argv_as_alone(module_name: str) -> Iterator[None]:
+    """sys.argv while the user's module is imported: as if it ran alone with no flags (an
+    argparse at module level parsed hopbus's own command line, and said so as "hopbus:
+    error: unrecognized arguments")."""
+    saved = sys.argv
+    sys.argv = [module_name]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def _import(module_name: str, flag: str, spec: str) -> Any:

@@ -48,6 +48,22 @@ def test_a_file_path_and_a_module_name_both_load(tmp_path, monkeypatch):
             "importing .* failed: ValueError: bad config line$",
         ),
         ("import no_such_module_hopbus\n", ":f", "no module named 'no_such_module_hopbus'"),
+        # a script's argparse at module level: it sees no flags (hopbus's were taken for its
+        # own: "hopbus: error: unrecognized arguments"), and a required one ends it, said so
+        (
+            "import argparse, sys\nassert sys.argv[1:] == []\np = argparse.ArgumentParser()\n"
+            "p.add_argument('--steps', type=int, default=3)\nSTEPS = p.parse_args().steps\n"
+            "def f():\n    return STEPS\n",
+            ":nothing",
+            "has no 'nothing'",
+        ),
+        (
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument('data')\n"
+            "p.parse_args()\n",
+            ":f",
+            "ended the program \\(sys.exit\\(2\\)\\): keep what a script does when run, "
+            'command-line parsing included, under `if __name__ == "__main__":`',
+        ),
     ],
 )
 def test_what_cannot_be_loaded_is_one_line(tmp_path, body, spec_tail, expected):

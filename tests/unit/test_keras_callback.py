@@ -30,5 +30,5 @@ def test_the_same_model_from_the_command_line_is_refused_before_any_worker_start
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.Adam(use_ema=True), loss="mse")
-    with pytest.raises(ConfigError, match="--model 'm.py:f': the optimizer has use_ema=True"):
+    with pytest.raises(ConfigError, match=r"--model 'm\.py:f': the optimizer has use_ema=True"):
         check_model(model, "m.py:f")
