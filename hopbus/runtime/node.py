@@ -357,8 +357,9 @@ class Node:
             if time.monotonic() >= deadline:
                 raise RunFailure(
                     f"{self.who} waited {self.timeout:g} s for {names(missing, self.ps_id)} to "
-                    f"register an endpoint in {self.keys.addr}; they never appeared (slow "
-                    "start-up? raise --timeout)"
+                    f"register an endpoint in {self.keys.addr}; "
+                    f"{'it' if len(missing) == 1 else 'they'} never appeared (slow start-up? "
+                    "raise --timeout)"
                 )
             self._check_threads()
             time.sleep(0.05)  # polling the registry while peers start
