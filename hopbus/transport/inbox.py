@@ -99,11 +99,14 @@ def hwm_for(outstanding: int, *, acks: bool = False, slack: int = 2) -> int:
 
 def _check_port(bind: str) -> None:
     """A TCP port beyond 65535, which libzmq would take modulo 65536 and bind elsewhere
-    without a word (tcp://0.0.0.0:99999 bound port 34463), raised as a bind error."""
-    if bind.startswith("tcp://"):
-        port = bind.rsplit(":", 1)[-1]
-        if port.isascii() and port.isdigit() and int(port) > 65535:
-            raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
+    without a word (tcp://0.0.0.0:99999 bound port 34463), raised as a bind error; so too
+    another transport than TCP (ipc://, inproc://): a worker's endpoint is a host and a port
+    its peers connect to (an ipc:// bind left a worker hung, its socket never closed)."""
+    if not bind.startswith("tcp://"):
+        raise zmq.ZMQError(errno.EINVAL, "an inbox listens on tcp://HOST:PORT (port * = any)")
+    port = bind.rsplit(":", 1)[-1]
+    if port.isascii() and port.isdigit() and int(port) > 65535:
+        raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
 
 
 class Inbox:

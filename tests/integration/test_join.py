@@ -169,3 +169,19 @@ def test_a_plain_worker_passes_over_an_id_another_was_started_with(redis_url, tm
     assert "hopbus: worker 1 finished 60 iterations" in plain.stdout
     assert first.returncode == 0, err
     client.close()
+
+
+@pytest.mark.parametrize("bind", ["ipc:///tmp/hopbus-join-test.sock", "inproc://x"])
+def test_a_worker_bound_to_another_transport_than_tcp_is_one_line(redis_url, bind):
+    """Fault ``ipc_bind``: hopbus worker --bind ipc://PATH hung forever, saying nothing (its
+    socket bound, then its port read from the path, and never closed)."""
+    run = f"ipc{os.getpid()}{len(bind)}"
+    create = ["create", "--run", run, "-n", "2", "--iterations", "20"]
+    p = subprocess.run(_hopbus(*create, "--redis", redis_url), capture_output=True, text=True,
+                       env=_env(), timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    worker = _hopbus("worker", "--run", run, "--redis", redis_url, "--id", "1", "--bind", bind)
+    p = subprocess.run(worker, capture_output=True, text=True, env=_env(), timeout=60, check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert "an inbox listens on tcp://HOST:PORT" in line, line

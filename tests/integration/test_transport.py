@@ -365,6 +365,15 @@ def test_a_port_beyond_65535_is_refused_not_wrapped(ctx):
         Inbox(ctx, "tcp://127.0.0.1:99999", v, Collector(), hwm=4)
 
 
+@pytest.mark.parametrize("bind", ["ipc:///tmp/hopbus-inbox-test.sock", "inproc://x"])
+def test_a_bind_of_another_transport_than_tcp_is_refused(ctx, bind):
+    """Fault ``ipc_bind``: an ipc:// inbox bound, then its port read as a number: a ValueError
+    that left the socket open and the worker hung in the context's term()."""
+    v = Validator(RUN, N, [], [], LAYOUT, 10)
+    with pytest.raises(TransportError, match=r"an inbox listens on tcp://HOST:PORT"):
+        Inbox(ctx, bind, v, Collector(), hwm=4)
+
+
 def test_a_send_blocked_past_its_timeout_names_the_peer(ctx):
     with socket.socket() as s:  # a port with nobody behind it
         s.bind(("127.0.0.1", 0))
