@@ -88,7 +88,10 @@ def top_cmd(
         bool, typer.Option("--once", help="Print one frame as plain text and exit.")
     ] = False,
     interval: Annotated[
-        float, typer.Option("--interval", help="Seconds between refreshes.", min=0.05)
+        float,
+        typer.Option(
+            "--interval", help="Seconds between refreshes (up to an hour).", min=0.05, max=3600
+        ),
     ] = 1.0,
 ) -> None:
     """Watch a run live, from Redis alone (a run of hopbus train, of compose, or one that ended).

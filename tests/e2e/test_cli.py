@@ -151,6 +151,8 @@ def test_config_file_env_and_flags_layer(tmp_path):
         (["sim", "--config", "/"], "is a directory"),
         (["topology", "ring", "-n", "1"], "ring needs at least 2 workers (got 1)"),
         (["topology", "complete", "-n", "6000"], "more than hopbus handles"),
+        # time.sleep(inf) raised OverflowError once a frame was shown (fault ``endless_interval``)
+        (["top", "--run", "x", "--interval", "inf"], "less than or equal to 3600"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words):
