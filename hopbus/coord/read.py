@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from hopbus.coord.keys import FINISHED
 
 MAX_INT = 2**62  # larger is not an iteration, an id or a count of hopbus's
@@ -60,6 +62,24 @@ def refusal(exc: BaseException) -> str:
         said = said.split("caused error: ", 1)[1]
     said = _IN_SCRIPT.sub("", said).split(" script: ", 1)[0]  # Redis 7.0's wrapper, 7.2's
     return (text(said, 200) or type(exc).__name__).strip()
+
+
+def refused_because(exc: BaseException, otherwise: str) -> str:
+    """Why Redis refused, for the end of a line: a user without the right (NOPERM) and a
+    Redis out of memory (OOM, maxmemory with no eviction) have causes of their own, which
+    ``otherwise`` (the run's keys written by something else) would hide."""
+    said = refusal(exc)
+    if said.startswith("NOPERM"):
+        return (
+            "the user in the URL may not touch this run's keys (a per-run user of another "
+            "run? docs/security.md)"
+        )
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM" in said or "maxmemory" in said:
+        return (
+            "Redis is out of memory (its maxmemory reached, and it evicts nothing): free some, "
+            "or raise maxmemory"
+        )
+    return otherwise
 
 
 def in_script(exc: BaseException) -> bool:
@@ -250,6 +270,7 @@ __all__ = [
     "integer",
     "json_object",
     "number",
+    "refused_because",
     "result",
     "stream_id",
     "text",

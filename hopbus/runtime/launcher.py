@@ -526,10 +526,10 @@ class Launcher:
             except (redis.ConnectionError, redis.TimeoutError):
                 pass  # Redis is gone: the summary still tells the run's end
             except redis.ResponseError as exc:  # the status key is not what hopbus wrote there
+                why = read.refused_because(exc, "did something else write its keys?")
                 self.notes.append(
                     f"Redis at {redact(self.url)} refused to record the run's end "
-                    f"({read.refusal(exc)}): did something else write its keys? summary.json "
-                    "holds it"
+                    f"({read.refusal(exc)}): {why} summary.json holds it"
                 )
             return outcome
         except KeyboardInterrupt:
@@ -575,14 +575,11 @@ class Launcher:
                     client.delete(*stale)
 
     def _refused(self, exc: redis.ResponseError) -> str:
-        said = read.refusal(exc)
-        why = (
-            "the user in the URL may not touch this run's keys (a per-run user of another "
-            "run? docs/security.md)"
-            if said.startswith("NOPERM")
-            else "did something else write them?"
+        why = read.refused_because(exc, "did something else write them?")
+        return (
+            f"Redis at {redact(self.url)} refused a command on the run's keys "
+            f"({read.refusal(exc)}): {why}"
         )
-        return f"Redis at {redact(self.url)} refused a read of the run's keys ({said}): {why}"
 
     def _record_end(self, outcome: Outcome) -> None:
         """The run's recorded status at its end: this launcher ran it, so it says."""
@@ -1448,7 +1445,8 @@ class Launcher:
             raw = {}
             self.notes.append(
                 f"the consensus distance is unknown: Redis refused the workers' sketches in "
-                f"{self.keys.sketch} ({read.refusal(exc)}): did something else write its keys?"
+                f"{self.keys.sketch} ({read.refusal(exc)}): "
+                f"{read.refused_because(exc, 'did something else write its keys?')}"
             )
         except redis.RedisError:  # gone: the distance is not known
             raw = {}
@@ -1491,12 +1489,6 @@ class Watcher(Launcher):
         assert self.redis_url is not None
         self.url = self.redis_url
         self.r = connect(self.url, timeout=min(10.0, self.cfg.timeout))
-
-    def _refused(self, exc: redis.ResponseError) -> str:
-        return (
-            f"Redis at {redact(self.url)} refused a read of the run's keys "
-            f"({read.text(str(exc), 200)}): did something else write them?"
-        )
 
     def _record_end(self, outcome: Outcome) -> None:
         """What the run's keys say (``run_status``); a finished run stays finished."""

@@ -384,9 +384,10 @@ class Node:
             raise self.inbox.error
         hb = self.heartbeat
         if hb is not None and isinstance(hb.error, redis.ResponseError):
+            tampered = f"a key of run {self.keys.run} holds what hopbus did not write there"
             raise RunFailure(
-                f"{self.who}: Redis refused its heartbeat ({read.refusal(hb.error)}): a key of "
-                f"run {self.keys.run} holds what hopbus did not write there"
+                f"{self.who}: Redis refused its heartbeat ({read.refusal(hb.error)}): "
+                f"{read.refused_because(hb.error, tampered)}"
             )
         if hb is not None and hb.error is not None:
             raise RunFailure(f"{self.who} lost Redis: {hb.error}")

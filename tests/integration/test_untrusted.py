@@ -9,7 +9,8 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``deleted_stream``, ``forged_dead``, ``garbled_meta``, ``garbled_sketch``, ``garbled_before_join``,
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
 ``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``,
-``starting_run``, ``forged_created``, ``forged_stats``, ``forged_beat``.
+``starting_run``, ``forged_created``, ``forged_stats``, ``forged_beat``,
+``broker_out_of_memory``.
 """
 
 from __future__ import annotations
@@ -1047,7 +1048,7 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     assert proc.returncode == 1, err
     last = err.decode().strip().splitlines()[-1]
     # the launcher's read, or a worker's script, meets it first: either says Redis refused
-    said = ("refused a read of the run's keys", "WRONGTYPE")
+    said = ("refused a command on the run's keys", "WRONGTYPE")
     assert last.startswith("hopbus: error:") and any(x in last for x in said), last
     assert client.hget(keys.meta, "status") == b"failed"
     assert not processes_mentioning(run)
@@ -1062,6 +1063,30 @@ def test_a_run_whose_keys_change_type_under_it_is_recorded_failed(redis_url, tmp
     ), err.decode()
     shown = hopbus("inspect", "--run", run, "--redis", redis_url)
     assert named in shown.stdout + shown.stderr, (shown.stdout, shown.stderr)
+
+
+def test_a_broker_out_of_memory_is_said_so_not_blamed_on_its_keys(tmp_path):
+    """Fault ``broker_out_of_memory``: maxmemory reached with no eviction, mid-run. Every
+    write is refused ("OOM command not allowed"): the run fails in one line that says Redis
+    is out of memory, where it said a key held what hopbus did not write there."""
+    with EmbeddedRedis(port=0) as server:
+        client = redis.Redis.from_url(server.url)
+        args, run = train_args(server.url, tmp_path / "run", "-n", "3", "--iterations",
+                               "100000", "--iter-time", "0.01", "--heartbeat", "1")  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=clean_env(), text=True)  # fmt: skip
+        try:
+            wait_iteration(client, RunKeys(run), 0, 20)
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", 1)
+            _, err = proc.communicate(timeout=90)
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hopbus: error:") and "Redis is out of memory" in last, last
+    assert "did not write there" not in err and "did something else write" not in err, err
+    assert not processes_mentioning(run)
 
 
 def test_workers_whose_keys_something_else_wrote_name_them(redis_url, redis_client):
