@@ -551,6 +551,20 @@ class Launcher:
             raise RunFailure(
                 f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
             ) from None
+        except OSError as exc:
+            if self.r is None:  # no run yet: the broker's start
+                raise
+            # the results folder or the terminal refused a write (a disk full, a pipe closed:
+            # hopbus train | head): nobody follows the run any more, so it stops, recorded
+            # failed with the reason (it was left "running", then "abandoned")
+            what = f"cannot write {exc.filename}" if exc.filename else "its output failed"
+            what += f" ({exc.strerror or exc})"
+            reason = f"its launcher stopped it: {what}"
+            with contextlib.suppress(Exception):  # a second at most, even if Redis froze
+                client = quick(self.url)
+                RunControl(client, self.keys, -1).stop_run(reason)
+                set_status(client, self.keys, "failed")
+            raise RunFailure(f"run {self.keys.run} stopped: {what}") from None
         finally:
             try:
                 self.stop_workers()
@@ -938,7 +952,10 @@ class Launcher:
                     self._last_fed[rec["worker"]] = at
                     if self.t_offset:  # a resumed run's time goes on from where its file ends
                         fed["t"] = round(fed["t"] + self.t_offset, 6)
-                    metrics.write(dumps(fed) + "\n")
+                    try:
+                        metrics.write(dumps(fed) + "\n")
+                    except OSError as exc:  # a disk full: said with the file's name
+                        raise OSError(exc.errno, exc.strerror, metrics.name) from None
         if entries:
             self._read_upto = max(self._read_upto, read.stream_id(entries[-1][0]))
         return True

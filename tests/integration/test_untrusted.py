@@ -10,7 +10,7 @@ Each test injects one fault by its name, with real processes and a real redis-se
 ``hang_before_report`` with a freeze, ``unicode_digits``, ``escape_in_an_entry``,
 ``unmarked_dead``, ``negative_join_counter``, ``forged_start``, ``lost_mark``, ``rewritten_config``,
 ``starting_run``, ``forged_created``, ``forged_stats``, ``forged_beat``,
-``broker_out_of_memory``.
+``broker_out_of_memory``, ``output_refused``.
 """
 
 from __future__ import annotations
@@ -1086,6 +1086,27 @@ def test_a_broker_out_of_memory_is_said_so_not_blamed_on_its_keys(tmp_path):
     last = err.strip().splitlines()[-1]
     assert last.startswith("hopbus: error:") and "Redis is out of memory" in last, last
     assert "did not write there" not in err and "did something else write" not in err, err
+    assert not processes_mentioning(run)
+
+
+def test_a_launcher_whose_output_fails_stops_the_run_recorded_failed(
+    redis_url, redis_client, tmp_path
+):
+    """Fault ``output_refused``: hopbus train's stderr refuses every write (2>/dev/full, as a
+    disk full refuses metrics.jsonl, or a pipe closed by head). Nobody follows the run any
+    more: it is stopped and recorded failed, with the reason, where it was left "running"
+    (then "abandoned") with its workers killed."""
+    args, run = train_args(redis_url, tmp_path / "run", "-n", "3", "--iterations", "100000",
+                           "--iter-time", "0.01")  # fmt: skip
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=full, env=clean_env(),
+                           timeout=120, check=False)  # fmt: skip
+    assert p.returncode == 1
+    keys = RunKeys(run)
+    assert redis_client.hget(keys.meta, "status") == b"failed"
+    assert b"its output failed (No space left on device)" in redis_client.get(keys.stop)
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "failed"
     assert not processes_mentioning(run)
 
 
