@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from itertools import islice
 from typing import Any
 
@@ -336,11 +336,14 @@ def stop_for_removal(client: redis.Redis, keys: RunKeys, patience_s: float) -> i
         time.sleep(0.2)  # polling for heartbeats to lapse: their processes are elsewhere
 
 
-def clean_run(client: redis.Redis, keys: RunKeys) -> int:
-    """Delete every key of the run; returns how many there were."""
+def clean_run(client: redis.Redis, keys: RunKeys, keep: Collection[str] = ()) -> int:
+    """Delete every key of the run but those named in ``keep``; returns how many went."""
     deleted = 0
     batch: list[bytes] = []
+    kept = {k.encode() for k in keep}
     for key in client.scan_iter(match=keys.pattern, count=1000):
+        if key in kept:
+            continue
         batch.append(key)
         if len(batch) >= 500:
             deleted += client.unlink(*batch)

@@ -396,6 +396,7 @@ class Launcher:
         self._missing: dict[int, float] = {}  # no heartbeat and no result since (monotonic)
         self.uncounted: set[int] = set()  # said it finished, with a report that does not count
         self._beat_at: float | None = None  # when the launcher's heartbeat is due (monotonic)
+        self._claim = f"{os.getpid()}-{secrets.token_hex(6)}"  # its heartbeat's value: whose
         self.notes: list[str] = []  # what the display and the end report tell besides progress
         self.stopped_summary: dict[str, Any] | None = None  # a run stopped by Ctrl-C: so far
         self._stop_by: float | None = None  # when its processes' grace ends, once stopping
@@ -619,7 +620,7 @@ class Launcher:
         if self.follows_only or (self._beat_at is not None and now < self._beat_at):
             return
         ttl_ms = Heartbeat.ttl_ms_for(min(self.cfg.heartbeat, self.cfg.timeout))
-        self.r.set(self.keys.launcher, os.getpid(), px=ttl_ms)
+        self.r.set(self.keys.launcher, self._claim, px=ttl_ms)
         self._beat_at = now + ttl_ms / 3000
 
     def _end_beat(self) -> None:
@@ -632,23 +633,35 @@ class Launcher:
     def _clear_stale_run(self) -> None:
         """Before a resumed run reuses its id: wait for the stopped run's heartbeats to expire
         (a process of it still alive would write into the same folder: refuse then), and
-        delete the keys it left in Redis (none with a private redis-server)."""
+        delete the keys it left in Redis (none with a private redis-server). The launcher's
+        heartbeat is claimed first (SET NX): of two resumes of one run started together, one
+        goes on and the other is refused (the second deleted the first's keys while its
+        workers loaded, and both failed)."""
         from hopbus.coord.control import heartbeats
 
         nodes = list(range(self.topo.n + 1))  # + a parameter server's
         deadline = time.monotonic() + self.cfg.heartbeat + 1.0  # the heartbeats' longest TTL
+        ttl_ms = Heartbeat.ttl_ms_for(min(self.cfg.heartbeat, self.cfg.timeout))
         while True:
+            mine = bool(self.r.set(self.keys.launcher, self._claim, px=ttl_ms, nx=True))
+            mine = mine or self.r.get(self.keys.launcher) == self._claim.encode()
+            if mine:
+                self.r.pexpire(self.keys.launcher, ttl_ms)
             beats = heartbeats(self.r, self.keys, nodes)
             beating = [self.keys.hb(i) for i, beat in beats.items() if read.beating(*beat)]
-            if not beating:
+            if mine and not beating:
                 break
             if time.monotonic() >= deadline:
+                if mine:
+                    self.r.delete(self.keys.launcher)
                 raise RunStateError(
-                    f"run {self.keys.run} still has live processes in this Redis ({beating[0]} "
-                    "keeps beating): stop them before resuming it"
+                    f"run {self.keys.run} still has live processes in this Redis "
+                    f"({beating[0] if beating else self.keys.launcher} keeps beating): stop "
+                    "them before resuming it"
                 )
             time.sleep(0.1)  # polling for the stopped run's heartbeats to expire
-        clean_run(self.r, self.keys)
+        clean_run(self.r, self.keys, keep=[self.keys.launcher])
+        self._beat_at = time.monotonic() + ttl_ms / 3000
 
     def _poll(self) -> tuple[bool, str | None]:
         """(every process is done, the first failure): here, from the processes' exit codes.

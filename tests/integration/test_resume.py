@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
 import redis
-from cluster import clean_env, hopbus, processes_mentioning, train_args, wait_for
+from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, train_args, wait_for
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
@@ -79,7 +80,27 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     (tmp_path / "metrics.jsonl").rename(out / "metrics.jsonl")
     assert _complete_lines(out / "metrics.jsonl") == before
 
-    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=240)
+    # fault ``two_resumes``: a copy of the folder resumed into the same Redis while the first
+    # resume's workers load. It deleted the first's keys, and both failed; now the first
+    # holds the run (its launcher's heartbeat, claimed before anything is cleaned) and the
+    # second waits for it to end: refused, naming it, after the longest heartbeat TTL, or,
+    # should the first have finished by then, resumed after it
+    twin = tmp_path / "twin"
+    shutil.copytree(out, twin)
+    client, launcher = redis.Redis.from_url(redis_url), RunKeys(run).launcher
+    stale = client.get(launcher)  # the killed launcher's, until its TTL runs out
+    first = subprocess.Popen(
+        hopbus_args("train", "--resume", str(out), "--redis", redis_url),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+    )  # fmt: skip
+    wait_for(lambda: client.get(launcher) not in (None, stale), 120, "the first resume's claim")
+    second = hopbus("train", "--resume", str(twin), "--redis", redis_url, timeout=120)
+    printed, said = first.communicate(timeout=240)
+    p = subprocess.CompletedProcess(first.args, first.returncode, printed, said)
+    assert second.returncode == 0 or (
+        second.returncode == 2
+        and f"({launcher} keeps beating): stop them before resuming it" in second.stderr
+    ), second.stderr
     assert p.returncode == 0, p.stderr
     assert (
         f"hopbus: resuming run {run} from iteration {c} (checkpoint set of {WORKERS} workers)"
