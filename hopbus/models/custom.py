@@ -131,9 +131,11 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
                 f"{flag} {spec!r}: importing {module_name} failed: no module named {missing!r}, "
                 f"which it imports: {why}"
             ) from None
+        where = os.environ.get("PYTHONPATH")
+        looked = f" (looked in {os.getcwd()}" + (f" and PYTHONPATH {where}" if where else "")
         raise ConfigError(
-            f"{flag} {spec!r}: no module named {missing!r} (run from the folder that holds "
-            "it, or add that folder to PYTHONPATH)"
+            f"{flag} {spec!r}: no module named {missing!r}{looked}: run from the folder that "
+            "holds it, or add that folder to PYTHONPATH; in compose, put it in CODE_DIR)"
         ) from None
     except BaseException as exc:  # the user's module raised while importing
         if isinstance(exc, KeyboardInterrupt):

@@ -73,10 +73,15 @@ def test_what_cannot_be_loaded_is_one_line(tmp_path, body, spec_tail, expected):
     assert "\n" not in str(info.value)
 
 
-def test_missing_file_and_module(tmp_path):
+def test_missing_file_and_module(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no such file"):
         load_callable(f"{tmp_path}/absent.py:f", "--data")
     with pytest.raises(ConfigError, match="no module named 'hopbus_absent_mod'"):
+        load_callable("hopbus_absent_mod:f", "--data")
+    # where it looked, PYTHONPATH included: in compose, CODE_DIR's mount (a container-user
+    # was told to run from the right folder)
+    monkeypatch.setenv("PYTHONPATH", "/home/hopbus/code")
+    with pytest.raises(ConfigError, match=r"and PYTHONPATH /home/hopbus/code: .*CODE_DIR"):
         load_callable("hopbus_absent_mod:f", "--data")
 
 
