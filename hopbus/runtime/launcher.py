@@ -294,6 +294,12 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
+class OutputFailed(Exception):  # noqa: N818 (what happened, said as the run's reason)
+    """The launcher's own output refused a write: metrics.jsonl (a disk full), or the live
+    display (a stderr that refuses writes, a pipe closed by ``| head``). Raised only where it
+    writes, so that no other OSError (a process that cannot be started) is taken for one."""
+
+
 def _write_whole(path: Path, text: str | bytes) -> None:
     """Write ``path`` so that it is never seen half written (a Ctrl-C midway leaves the old
     file or none): a temporary file beside it, renamed over it."""
@@ -552,20 +558,16 @@ class Launcher:
             raise RunFailure(
                 f"run {self.keys.run}: lost Redis at {redact(self.url)}: {exc}"
             ) from None
-        except OSError as exc:
-            if self.r is None:  # no run yet: the broker's start
-                raise
-            # the results folder or the terminal refused a write (a disk full, a pipe closed:
-            # hopbus train | head): nobody follows the run any more, so it stops, recorded
-            # failed with the reason (it was left "running", then "abandoned")
-            what = f"cannot write {exc.filename}" if exc.filename else "its output failed"
-            what += f" ({exc.strerror or exc})"
-            reason = f"its launcher stopped it: {what}"
+        except OutputFailed as exc:
+            if self.follows_only:  # a watch's output: the run is someone else's, and goes on
+                raise RunFailure(f"the watch of run {self.keys.run} stopped: {exc}") from None
+            # nobody follows the run any more, so it stops, recorded failed with the reason
+            # (it was left "running", then "abandoned", its workers killed)
             with contextlib.suppress(Exception):  # a second at most, even if Redis froze
                 client = quick(self.url)
-                RunControl(client, self.keys, -1).stop_run(reason)
+                RunControl(client, self.keys, -1).stop_run(f"its launcher stopped it: {exc}")
                 set_status(client, self.keys, "failed")
-            raise RunFailure(f"run {self.keys.run} stopped: {what}") from None
+            raise RunFailure(f"run {self.keys.run} stopped: {exc}") from None
         finally:
             try:
                 self.stop_workers()
@@ -652,12 +654,16 @@ class Launcher:
             if mine and not beating:
                 break
             if time.monotonic() >= deadline:
-                if mine:
-                    self.r.delete(self.keys.launcher)
+                if not mine:  # its workers beat too: the launcher is the one to name
+                    raise RunStateError(
+                        f"run {self.keys.run} is held by another launcher in this Redis "
+                        f"({self.keys.launcher} keeps beating: a second --resume of it?): "
+                        "stop it before resuming the run"
+                    )
+                self.r.delete(self.keys.launcher)
                 raise RunStateError(
-                    f"run {self.keys.run} still has live processes in this Redis "
-                    f"({beating[0] if beating else self.keys.launcher} keeps beating): stop "
-                    "them before resuming it"
+                    f"run {self.keys.run} still has live processes in this Redis ({beating[0]} "
+                    "keeps beating): stop them before resuming it"
                 )
             time.sleep(0.1)  # polling for the stopped run's heartbeats to expire
         clean_run(self.r, self.keys, keep=[self.keys.launcher])
@@ -968,7 +974,9 @@ class Launcher:
                     try:
                         metrics.write(dumps(fed) + "\n")
                     except OSError as exc:  # a disk full: said with the file's name
-                        raise OSError(exc.errno, exc.strerror, metrics.name) from None
+                        raise OutputFailed(
+                            f"cannot write {metrics.name} ({exc.strerror or exc})"
+                        ) from None
         if entries:
             self._read_upto = max(self._read_upto, read.stream_id(entries[-1][0]))
         return True
@@ -1117,7 +1125,10 @@ class Launcher:
                     continue
                 outage.answered(time.monotonic())
                 if self.on_update is not None:
-                    self.on_update(self)
+                    try:
+                        self.on_update(self)
+                    except OSError as exc:
+                        raise OutputFailed(f"its output failed ({exc.strerror or exc})") from None
                 if failure is not None or done:
                     break
         except KeyboardInterrupt:

@@ -583,6 +583,37 @@ def test_a_script_worker_stopped_by_hand_says_why(redis_url, tmp_path, script):
     assert not processes_mentioning(str(script))
 
 
+def test_a_script_killed_with_sigterm_is_said_so(redis_url, tmp_path, script):
+    """Fault ``sigterm_to_the_script``: kill -TERM of one copy's script, not of its hopbus
+    worker. hopbus.join() unwinds the script by it and its worker leaves; then the process
+    dies of the signal, so the run names SIGTERM (an unwinding KeyboardInterrupt's exit is
+    Python's SIGINT), and no traceback is printed."""
+    run = f"term{os.getpid()}"
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "r"),
+                       "-n", "2", "--topology", "ring", "--iterations", "100000")  # fmt: skip
+    proc = subprocess.Popen([*args, "--", sys.executable, str(script), "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    wait_for(lambda: int(client.get(RunKeys(run).iter(1)) or 0) >= 5, 120, "the run")
+
+    def argv(pid: int) -> list[bytes]:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")
+        return []
+
+    scripts = [p for p in processes_mentioning(str(script)) if argv(p)[1:2] == [bytes(script)]]
+    assert scripts, processes_mentioning(str(script))
+    os.kill(scripts[0], signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert "was killed by SIGTERM" in last, last
+    logs = "".join(f.read_text() for f in (tmp_path / "r" / "logs").glob("*.log"))
+    assert "Traceback" not in logs + err, logs
+    assert not processes_mentioning(str(script))
+
+
 def test_a_script_workers_failure_is_said_once(redis_url, tmp_path, script):
     """Fault ``alone_in_the_run``: one copy of a 2-worker script run, the other never comes.
     Its script says why it gives up (``hopbus: error: ...``); hopbus worker, whose stderr it

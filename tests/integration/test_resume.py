@@ -88,6 +88,13 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     twin = tmp_path / "twin"
     shutil.copytree(out, twin)
     client, launcher = redis.Redis.from_url(redis_url), RunKeys(run).launcher
+    client.set(launcher, "another-launcher", px=60_000)  # one that holds it all along
+    p = hopbus("train", "--resume", str(twin), "--redis", redis_url, timeout=120)
+    assert p.returncode == 2 and f"is held by another launcher in this Redis ({launcher} " in (
+        p.stderr
+    ), p.stderr
+    assert client.get(launcher) == b"another-launcher"  # its claim left as it was
+    client.delete(launcher)
     stale = client.get(launcher)  # the killed launcher's, until its TTL runs out
     first = subprocess.Popen(
         hopbus_args("train", "--resume", str(out), "--redis", redis_url),
@@ -99,7 +106,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     p = subprocess.CompletedProcess(first.args, first.returncode, printed, said)
     assert second.returncode == 0 or (
         second.returncode == 2
-        and f"({launcher} keeps beating): stop them before resuming it" in second.stderr
+        and f"is held by another launcher in this Redis ({launcher} keeps beating" in second.stderr
     ), second.stderr
     assert p.returncode == 0, p.stderr
     assert (
