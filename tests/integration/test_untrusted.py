@@ -570,6 +570,18 @@ def test_stray_workers_write_nothing_and_watch_keeps_a_finished_run(redis_url, t
     assert client.hget(keys.meta, "status") == b"finished"
 
 
+def _finished_by_hand(redis_url: str, run: str) -> RunKeys:
+    """A 2-worker run of 40 iterations, created and run to its end by two ``hopbus worker``
+    processes, with nobody watching: the keys it left, for a watch to meet."""
+    assert hopbus("create", "--run", run, "-n", "2", "--iterations", "40", "--eval-every", "0",
+                  "--heartbeat", "1.5", "--redis", redis_url).returncode == 0  # fmt: skip
+    workers = _workers(redis_url, run, 2)
+    for w in workers:
+        w.communicate(timeout=120)
+    assert all(w.returncode == 0 for w in workers)
+    return RunKeys(run)
+
+
 def test_a_run_whose_recorded_iterations_were_rewritten_is_no_endless_watch(
     redis_url, redis_client, tmp_path
 ):
@@ -577,13 +589,7 @@ def test_a_run_whose_recorded_iterations_were_rewritten_is_no_endless_watch(
     workers ran (rewritten after they started). Their reports then count for nothing, and
     a watch that waited for ones that do would wait forever: it fails, saying so."""
     run = f"rewrite{os.getpid()}"
-    assert hopbus("create", "--run", run, "-n", "2", "--iterations", "40", "--eval-every", "0",
-                  "--heartbeat", "1.5", "--redis", redis_url).returncode == 0  # fmt: skip
-    keys = RunKeys(run)
-    workers = _workers(redis_url, run, 2)
-    for w in workers:
-        w.communicate(timeout=120)
-    assert all(w.returncode == 0 for w in workers)
+    keys = _finished_by_hand(redis_url, run)
     cfg = json.loads(redis_client.hget(keys.meta, "config"))
     redis_client.hset(keys.meta, "config", json.dumps({**cfg, "iterations": 400}))
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
@@ -598,13 +604,7 @@ def test_a_forged_counter_finishes_no_run(redis_url, redis_client, tmp_path):
     counters hash claims the report's fields. A watch shows its counters but never takes
     them for a report: the run is not finished, and no figure of it comes from them."""
     run = f"stats{os.getpid()}"
-    assert hopbus("create", "--run", run, "-n", "2", "--iterations", "40", "--eval-every", "0",
-                  "--heartbeat", "1.5", "--redis", redis_url).returncode == 0  # fmt: skip
-    keys = RunKeys(run)
-    workers = _workers(redis_url, run, 2)
-    for w in workers:
-        w.communicate(timeout=120)
-    assert all(w.returncode == 0 for w in workers)
+    keys = _finished_by_hand(redis_url, run)
     redis_client.hdel(keys.result, "1")
     redis_client.hset(keys.stats(1), mapping={"final_accuracy": 1, "t": 1, "iterations": 40})
     watch = hopbus("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w"),
