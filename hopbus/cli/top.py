@@ -107,7 +107,8 @@ def top_cmd(
 
     * **worker**: the worker's id;
     * **iter**: its iteration now (hop:{RUN}:iter:I);
-    * **it/s**: iterations per second over the last 5 s of its progress entries;
+    * **it/s**: iterations per second over the last 5 s of its progress entries (up to the
+      run's end; over all of them in a run shorter than that);
     * **loss**: its latest minibatch loss;
     * **device**: the device it trains on, if the run records one (else -);
     * **waits on**: neighbours it cannot pass until they advance: in-neighbours at the

@@ -103,6 +103,7 @@ class TopReader:
         self.window_ms = int(window_s * 1000)
         self._after = "0-0"
         self._seen: dict[int, _Seen] = {}
+        self._first_ms: int | None = None  # the run's first step, as the stream has it
         self._last_ms: int | None = None
         self._topo: tuple[TrainConfig, Topology] | None = None
         self.malformed = 0  # progress entries that did not parse
@@ -131,6 +132,7 @@ class TopReader:
                 s.jumps += int(jump > 0)
                 s.latest, s.latest_ms = rec, ms
                 s.recent.append((ms, to - (jump or 1), to))
+                self._first_ms = ms if self._first_ms is None else self._first_ms
                 self._last_ms = ms
             if got:
                 self._after = got[-1][0]
@@ -165,6 +167,7 @@ class TopReader:
                 topo,
                 setting,
                 now_ms,
+                end_ms,
                 cfg.iterations,
                 snap["gaps"]["dead"],
             )
@@ -196,17 +199,22 @@ class TopReader:
         topo: Topology,
         setting: GapSetting,
         now_ms: int,
+        end_ms: int,
         target: int,
         dead: Collection[int],
     ) -> WorkerRow:
         s = self._seen.get(i, _Seen())
-        while s.recent and s.recent[0][0] < now_ms - self.window_ms:
+        # the rate over the run's last window_ms up to its end (now, while it runs), or over
+        # all of it when shorter: a run of 0.3 s showed a fifth of its speed
+        since = end_ms - self.window_ms
+        while s.recent and s.recent[0][0] < since:
             s.recent.popleft()
+        span_s = (end_ms - max(since, self._first_ms or since)) / 1000
         it = iters[i]
         rate = None
-        if it is not None:
+        if it is not None and span_s > 0:
             advanced = sum(to - start for _, start, to in s.recent)
-            rate = advanced / (self.window_ms / 1000)
+            rate = advanced / span_s
         done = it is not None and it >= target
         quiet = done or it is None or i in dead  # waits on nobody
         waits = () if quiet else _waits_on(i, iters, sizes, topo, setting, dead)

@@ -11,6 +11,7 @@ import redis
 from cluster import clean_env, hopbus, train_args
 
 from hopbus.coord.keys import RunKeys
+from hopbus.coord.top import TopReader
 
 
 def _top(*args: str) -> subprocess.CompletedProcess:
@@ -97,6 +98,14 @@ def test_top_of_a_finished_run_shows_the_final_iteration(redis_url, tmp_path):
     assert sorted(rows) == [0, 1, 2, 3], top.stdout
     for cells in rows.values():
         assert cells[1] == "30" and cells[-1] == "finished", cells
+    # its speed over its own span, under the 5 s window (a fifth of it was shown)
+    client = redis.Redis.from_url(redis_url)
+    keys = RunKeys(run)
+    ids = [e[0] for e in client.xrange(keys.progress)]
+    span_s = (int(ids[-1].split(b"-")[0]) - int(ids[0].split(b"-")[0])) / 1000
+    frame = TopReader(client, keys).frame()
+    for row in frame.rows:
+        assert row.rate is not None and row.rate >= 29 / max(span_s, 1e-3), (row, span_s)
 
 
 def test_top_of_an_unknown_run_is_one_line(redis_url):
