@@ -101,6 +101,23 @@ class Display:
                 self.live.update(view(self._launcher))
                 self._noted = len(self._launcher.notes)
             self.live.__exit__(None, None, None)
+        elif self._launcher is not None and exc[0] is None and self._launcher.replay is not None:
+            line = self._progress_line(self._launcher)  # where it ended (a run shorter than
+            if line != self._said[0]:  # PLAIN_EVERY_S showed only where it began)
+                self.console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+    @staticmethod
+    def _progress_line(launcher: Launcher) -> str:
+        rep = launcher.replay
+        if rep is None:  # a watch of a run whose workers have not started (yet)
+            return f"hopbus: run {launcher.keys.run}: no worker has finished an iteration yet"
+        its = [v.iteration for v in rep.views]
+        losses = [v.loss for v in rep.views if v.loss is not None]
+        loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
+        return (
+            f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
+            f"{launcher.cfg.iterations}{loss}"
+        )
 
     @property
     def launcher(self) -> Launcher | None:
@@ -132,16 +149,7 @@ class Display:
         if now - self._last < PLAIN_EVERY_S or (rep is None and now - self._began < PLAIN_EVERY_S):
             return
         self._last = now
-        if rep is None:  # a watch of a run whose workers have not started (yet)
-            line = f"hopbus: run {launcher.keys.run}: no worker has finished an iteration yet"
-        else:
-            its = [v.iteration for v in rep.views]
-            losses = [v.loss for v in rep.views if v.loss is not None]
-            loss = f", mean loss {sum(losses) / len(losses):.4f}" if losses else ""
-            line = (
-                f"hopbus: run {launcher.keys.run}: iterations {min(its)}..{max(its)} of "
-                f"{launcher.cfg.iterations}{loss}"
-            )
+        line = self._progress_line(launcher)
         said, since, printed = self._said
         if line == said and now - printed < PLAIN_SAME_S:
             return  # nothing moved: a log gets one line a minute, not twelve

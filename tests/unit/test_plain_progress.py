@@ -62,3 +62,19 @@ def test_a_watch_of_workers_that_never_start_says_so(monkeypatch):
     assert out.getvalue().splitlines() == [HEAD] + [
         f"hopbus: run r1: no worker has finished an iteration yet ({s} s)" for s in (5, 65, 125)
     ]
+
+
+def test_a_run_shorter_than_the_period_ends_with_where_it_ended(monkeypatch):
+    """A run over within PLAIN_EVERY_S showed only its first line (iteration 0) before the
+    summary: the display's end prints where it ended."""
+    clock = [1000.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with live.Display(Console(file=out, force_terminal=False, width=200)) as display:
+        for tenth, iteration in enumerate([0, 40, 100]):
+            clock[0] = 1000.0 + tenth / 10
+            display.update(_launcher(iteration))
+    assert out.getvalue().splitlines()[1:] == [
+        "hopbus: run r1: iterations 0..0 of 100, mean loss 0.5000",
+        "hopbus: run r1: iterations 100..100 of 100, mean loss 0.5000",
+    ]
