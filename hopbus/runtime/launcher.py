@@ -536,7 +536,7 @@ class Launcher:
                 why = read.refused_because(exc, "did something else write its keys?")
                 self.notes.append(
                     f"Redis at {redact(self.url)} refused to record the run's end "
-                    f"({read.refusal(exc)}): {why} summary.json holds it"
+                    f"({read.refusal(exc)}): {why} (summary.json holds it)"
                 )
             return outcome
         except KeyboardInterrupt:
