@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hopbus.errors import DeclaredDead, RejoinFailed, RunFailure, RunStopped, UserError
-from hopbus.runtime import env, sigterm
+from hopbus.runtime import env
 
 LAUNCH_HINT = (
     "start it with `hopbus launch -n 4 -- python SCRIPT` (a local run), or one copy with "
@@ -69,8 +69,6 @@ def _show_user_errors() -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         _ESCAPED.append(True)
-        if isinstance(exc, KeyboardInterrupt) and sigterm.asked():  # the stop, which the
-            return  # hopbus worker that sent it says ("interrupted by SIGTERM"): no traceback
         if isinstance(exc, UserError):
             from hopbus.coord.client import scrub
 
@@ -80,17 +78,6 @@ def _show_user_errors() -> None:
         previous(kind, exc, tb)
 
     sys.excepthook = hook
-
-
-def _flushed() -> None:
-    """What the exit handlers skipped by an early end would flush: stdout, logging."""
-    import logging
-
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    with contextlib.suppress(Exception):
-        logging.shutdown()
 
 
 def _env_number(name: str, kind: type, value: Any) -> Any:
@@ -177,7 +164,6 @@ def join(
     board = tensorboard or os.environ.get(env.TENSORBOARD)
     ctx = Context(node, tensorboard=Path(board) if board else None)
     atexit.register(ctx._at_exit)
-    sigterm.install()
     _joined[:] = [(run, url, ctx)]
     return ctx
 
@@ -403,7 +389,6 @@ class Context:
             if self.session is not None:
                 self.session.close()
             self.node.close()
-            sigterm.restore()
 
     def _at_exit(self) -> None:
         """The script's end: ``close()``, unless an exception is on its way out already (the
@@ -412,19 +397,19 @@ class Context:
         # an exception that ended the script: seen by our hook, or by the interpreter, which
         # keeps it as sys.last_value whatever hook a library put in place of ours
         failing = bool(_ESCAPED) or getattr(sys, "last_value", None) is not None
-        sigterm.leaving()  # a SIGTERM from here on waits for the worker to leave
         try:
             self._leave(report=not failing)
         except Exception as exc:  # leaving: say it, as the excepthook would have
+            import logging
+
             from hopbus.coord.client import scrub
 
             with contextlib.suppress(OSError, ValueError):
                 print(f"hopbus: error: {scrub(str(exc))}", file=sys.stderr, flush=True)
-            _flushed()
+                sys.stdout.flush()
+            with contextlib.suppress(Exception):
+                logging.shutdown()  # what the exit handlers skipped by _exit would flush
             os._exit(1)
-        if sigterm.asked():  # it ended the script, or came while the worker left: die of it
-            _flushed()  # (-15, as by Python's default; never "killed by SIGINT")
-            sigterm.die_of_it()
 
     def __enter__(self) -> Context:
         return self

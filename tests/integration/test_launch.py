@@ -585,9 +585,8 @@ def test_a_script_worker_stopped_by_hand_says_why(redis_url, tmp_path, script):
 
 def test_a_script_killed_with_sigterm_is_said_so(redis_url, tmp_path, script):
     """Fault ``sigterm_to_the_script``: kill -TERM of one copy's script, not of its hopbus
-    worker. hopbus.join() unwinds the script by it and its worker leaves; then the process
-    dies of the signal, so the run names SIGTERM (an unwinding KeyboardInterrupt's exit is
-    Python's SIGINT), and no traceback is printed."""
+    worker. The script keeps Python's default (hopbus.join() adds no handler): it dies of the
+    signal, the run names SIGTERM, and no traceback is printed."""
     run = f"term{os.getpid()}"
     args = hopbus_args("launch", "--redis", redis_url, "--run", run, "--out", str(tmp_path / "r"),
                        "-n", "2", "--topology", "ring", "--iterations", "100000")  # fmt: skip
@@ -719,10 +718,6 @@ def test_ctrl_c_stops_every_copy(redis_url, tmp_path, script):
     assert not processes_mentioning(str(script))
     s = json.loads((tmp_path / "r" / "summary.json").read_text())  # how far it got
     assert not s["finished"] and "interrupted" in s["failure"] and s["iterations"]["max"] >= 5
-    # each script's counters as it left (its SIGTERM unwound it, as Ctrl-C does), not as of
-    # its last heartbeat: every iteration it entered sent to its out-neighbours, or skipped
-    for w, entered in zip(s["per_worker"], s["iterations"]["per_worker"], strict=True):
-        assert w.get("messages", 0) + w.get("sends_skipped", 0) >= 2 * (entered - 1), w
     # and the summary table says so, as at any end
     assert "stopped early" in printed and f"max {s['iterations']['max']}" in printed, printed
     # hopbus keeps no checkpoints of a script's model: a resume says what to do instead
