@@ -525,8 +525,13 @@ class Launcher:
             else:  # the run goes on: its settings stay, its metrics grow from c
                 self.t_offset = _keep_until(metrics_path, self.resume_from)
             self._spawn()
-            with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
-                outcome = self._follow(metrics)
+            try:
+                with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
+                    outcome = self._follow(metrics)
+            except OSError as exc:  # its close's last flush (a disk full), or an OutputFailed's
+                raise OutputFailed(  # close, whose OSError took the OutputFailed's place
+                    f"cannot write {metrics_path} ({exc.strerror or exc})"
+                ) from None
             try:
                 self._record_end(outcome)
                 ended = True
@@ -977,6 +982,10 @@ class Launcher:
                         raise OutputFailed(
                             f"cannot write {metrics.name} ({exc.strerror or exc})"
                         ) from None
+            try:
+                metrics.flush()  # a disk full found here, not as the file closes at the end
+            except OSError as exc:
+                raise OutputFailed(f"cannot write {metrics.name} ({exc.strerror or exc})") from None
         if entries:
             self._read_upto = max(self._read_upto, read.stream_id(entries[-1][0]))
         return True
@@ -1129,6 +1138,8 @@ class Launcher:
                         self.on_update(self)
                     except OSError as exc:
                         raise OutputFailed(f"its output failed ({exc.strerror or exc})") from None
+                    except SystemExit:  # rich's answer to a pipe closed (| head): it exits
+                        raise OutputFailed("its output failed (its pipe closed)") from None
                 if failure is not None or done:
                     break
         except KeyboardInterrupt:
