@@ -84,14 +84,23 @@ def _load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = batch.get(b"labels") if isinstance(batch, dict) else None
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
         raise DataError(f"CIFAR-10 file {str(path)!r}: no uint8 'data' matrix")
-    count = len(labels) if isinstance(labels, list | np.ndarray) and np.ndim(labels) == 1 else None
+    try:  # a list of lists of unequal lengths: np.ndim raises
+        flat = isinstance(labels, list | np.ndarray) and np.ndim(labels) == 1
+    except ValueError:
+        flat = False
+    count = len(labels) if flat else None
     if data.shape[1] != N_PIXELS or count != len(data) or not count:
         raise DataError(
             f"CIFAR-10 file {str(path)!r}: expected N x {N_PIXELS} data and N labels, N above "
             f"0, got {data.shape} and {'no list of' if count is None else count} labels"
         )
-    try:
-        y = np.asarray(labels, dtype=np.int64)
+    try:  # integers only: 3.7 or "3" was cast, and trained on as another class
+        y = np.asarray(labels)
+        y = (
+            y.astype(np.int64)
+            if y.dtype.kind in "iu" or (y.dtype == object and all(type(v) is int for v in labels))
+            else None
+        )
     except (OverflowError, ValueError, TypeError):
         y = None
     if y is None or y.ndim != 1 or (len(y) and (y.min() < 0 or y.max() >= N_CLASSES)):

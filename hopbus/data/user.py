@@ -26,6 +26,8 @@ def _array(value: object, what: str, spec: str) -> np.ndarray:
         raise DataError(f"--data {spec!r}: {what} is not an array ({type(exc).__name__})") from None
     if a.dtype.kind not in "biuf":
         raise DataError(f"--data {spec!r}: {what} holds {a.dtype}, not numbers")
+    if a.ndim == 0:  # len() of it raised TypeError
+        raise DataError(f"--data {spec!r}: {what} is a single number, not one row per sample")
     return a
 
 

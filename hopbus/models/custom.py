@@ -113,6 +113,7 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
             native_notices_hidden(),
             told_while_long(f"importing {module_name} ({flag})"),
             _argv_as_alone(module_name),
+            _prints_aside(),  # stdout is the command's (--json)
         ):
             module = _import(module_name, flag, spec)  # a Keras module imports TensorFlow
     except ConfigError:
@@ -179,14 +180,18 @@ def _import(module_name: str, flag: str, spec: str) -> Any:
         if not path.is_file():
             where = "" if path.is_absolute() else f" in {os.getcwd()} (each worker's own folder)"
             raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}{where}")
-        loaded = sys.modules.get(path.stem)
-        if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
-            return loaded  # --model and --data in one file: imported once
+        for name in (path.stem, f"hopbus_user_{path.stem}"):
+            loaded = sys.modules.get(name)
+            if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
+                return loaded  # --model and --data in one file: imported once
         sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work
-        loader_spec = importlib.util.spec_from_file_location(path.stem, path.resolve())
+        # under its stem, unless another module has that name (a json.py of the user's took
+        # the place of the standard library's json, which hopbus uses): then a name of its own
+        name = path.stem if path.stem not in sys.modules else f"hopbus_user_{path.stem}"
+        loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
         assert loader_spec is not None and loader_spec.loader is not None
         module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[path.stem] = module
+        sys.modules[name] = module
         loader_spec.loader.exec_module(module)
         return module
     if os.getcwd() not in sys.path and "" not in sys.path:

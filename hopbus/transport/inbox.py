@@ -105,7 +105,8 @@ def _check_port(bind: str) -> None:
     if not bind.startswith("tcp://"):
         raise zmq.ZMQError(errno.EINVAL, "an inbox listens on tcp://HOST:PORT (port * = any)")
     port = bind.rsplit(":", 1)[-1]
-    if port.isascii() and port.isdigit() and int(port) > 65535:
+    if port != "*" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        # -1 was taken too, as 65535
         raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
 
 

@@ -358,11 +358,12 @@ def test_binding_a_taken_port_is_a_one_line_transport_error(ctx):
             Inbox(ctx, f"tcp://127.0.0.1:{port}", v, Collector(), hwm=4)
 
 
-def test_a_port_beyond_65535_is_refused_not_wrapped(ctx):
-    """libzmq would bind 99999 modulo 65536 (34463) without a word."""
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_beyond_65535_is_refused_not_wrapped(ctx, port):
+    """libzmq would bind 99999 modulo 65536 (34463) without a word, and -1 as 65535."""
     v = Validator(RUN, N, [], [], LAYOUT, 10)
     with pytest.raises(TransportError, match="no such TCP port"):
-        Inbox(ctx, "tcp://127.0.0.1:99999", v, Collector(), hwm=4)
+        Inbox(ctx, f"tcp://127.0.0.1:{port}", v, Collector(), hwm=4)
 
 
 @pytest.mark.parametrize("bind", ["ipc:///tmp/hopbus-inbox-test.sock", "inproc://x"])

@@ -3,6 +3,7 @@ way it can be wrong said in one line."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -162,6 +163,9 @@ def test_user_data_is_checked(tmp_path):
             bad = x.copy(); bad[7, 0, 0, 0] = np.nan
             return bad, y, x[:5], y[:5]
 
+        def scalar_y():
+            return x, 3, x[:5], y[:5]
+
         def float64_only():
             bad = x.copy(); bad[3, 1, 0, 0] = 1e39  # finite in float64, inf in float32
             return bad, y, x[:5], y[:5]
@@ -191,6 +195,7 @@ def test_user_data_is_checked(tmp_path):
         ("short", "x_train has 20 rows and y_train 10"),
         ("nan", "x_train row 7 holds a value that is not finite"),
         ("float64_only", "x_train row 3 holds a value beyond float32's range"),
+        ("scalar_y", "y_train is a single number, not one row per sample"),
         ("negative", "integer labels must be 0..C-1, found -1"),
         ("huge", "integer labels must be 0..C-1 with C at most 100000, found 2000000000000 "),
         ("shapes", "x_train rows are \\[4, 4, 1\\], x_test rows \\[2, 4, 1\\]"),
@@ -292,3 +297,16 @@ def test_what_a_numpy_models_methods_print_goes_to_stderr(capsys):
     check_numpy_model(Loud(), "m.py:f", 0, np.zeros((4, 3), np.float32), np.zeros(4, np.int64))
     out, err = capsys.readouterr()
     assert out == "" and "evaluating" in err
+
+
+def test_a_file_named_like_a_library_module_leaves_that_module_alone(tmp_path, capsys):
+    """A user's json.py took sys.modules['json']'s place (hopbus's own json.dumps then failed),
+    and what a module printed while imported went to stdout, the command's (--json)."""
+    import json
+
+    path = module(tmp_path, "json", "print('HELLO FROM IMPORT')\ndef f():\n    return 7\n")
+    assert load_callable(f"{path}:f", "--data")() == 7
+    assert load_callable(f"{path}:f", "--model")() == 7  # the same file again: imported once
+    assert sys.modules["json"] is json and json.dumps([1]) == "[1]"
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.count("HELLO FROM IMPORT") == 1

@@ -234,6 +234,12 @@ def test_cifar10_missing_pieces(tmp_path: Path) -> None:
             pickle.dump({b"data": np.zeros((rows, 3072), np.uint8), b"labels": labels}, f)
         message = refused(f"cifar10:{tmp_path}")
         assert "N above 0" in message and said in message, message
+    # ragged lists (np.ndim raised), and labels that are not integers (3.7 was cast to 3)
+    for labels in ([[1], [2, 3]], [3.7, 1.0], ["3", "1"]):
+        with (tmp_path / "test_batch").open("wb") as f:
+            pickle.dump({b"data": np.zeros((2, 3072), np.uint8), b"labels": labels}, f)
+        message = refused(f"cifar10:{tmp_path}")
+        assert "labels" in message, (labels, message)
 
 
 # shard and Batches
