@@ -132,7 +132,8 @@ class TopReader:
                 s.jumps += int(jump > 0)
                 s.latest, s.latest_ms = rec, ms
                 s.recent.append((ms, to - (jump or 1), to))
-                self._first_ms = ms if self._first_ms is None else self._first_ms
+                if self._first_ms is None:
+                    self._first_ms = ms
                 self._last_ms = ms
             if got:
                 self._after = got[-1][0]

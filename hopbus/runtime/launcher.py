@@ -300,6 +300,11 @@ class OutputFailed(Exception):  # noqa: N818 (what happened, said as the run's r
     writes, so that no other OSError (a process that cannot be started) is taken for one."""
 
 
+def _unwritable(path: str | Path, exc: OSError) -> OutputFailed:
+    """The failure of a write to ``path`` (metrics.jsonl), said with the file's name."""
+    return OutputFailed(f"cannot write {path} ({exc.strerror or exc})")
+
+
 def _write_whole(path: Path, text: str | bytes) -> None:
     """Write ``path`` so that it is never seen half written (a Ctrl-C midway leaves the old
     file or none): a temporary file beside it, renamed over it."""
@@ -525,13 +530,14 @@ class Launcher:
             else:  # the run goes on: its settings stay, its metrics grow from c
                 self.t_offset = _keep_until(metrics_path, self.resume_from)
             self._spawn()
+            metrics = metrics_path.open("w" if self.resume_from is None else "a")
             try:
-                with metrics_path.open("w" if self.resume_from is None else "a") as metrics:
-                    outcome = self._follow(metrics)
-            except OSError as exc:  # its close's last flush (a disk full), or an OutputFailed's
-                raise OutputFailed(  # close, whose OSError took the OutputFailed's place
-                    f"cannot write {metrics_path} ({exc.strerror or exc})"
-                ) from None
+                outcome = self._follow(metrics)
+            finally:
+                try:
+                    metrics.close()
+                except OSError as exc:  # its last flush: a disk full (after an OutputFailed too)
+                    raise _unwritable(metrics_path, exc) from None
             try:
                 self._record_end(outcome)
                 ended = True
@@ -978,14 +984,12 @@ class Launcher:
                         fed["t"] = round(fed["t"] + self.t_offset, 6)
                     try:
                         metrics.write(dumps(fed) + "\n")
-                    except OSError as exc:  # a disk full: said with the file's name
-                        raise OutputFailed(
-                            f"cannot write {metrics.name} ({exc.strerror or exc})"
-                        ) from None
+                    except OSError as exc:  # a disk full
+                        raise _unwritable(metrics.name, exc) from None
             try:
                 metrics.flush()  # a disk full found here, not as the file closes at the end
             except OSError as exc:
-                raise OutputFailed(f"cannot write {metrics.name} ({exc.strerror or exc})") from None
+                raise _unwritable(metrics.name, exc) from None
         if entries:
             self._read_upto = max(self._read_upto, read.stream_id(entries[-1][0]))
         return True
