@@ -26,6 +26,7 @@ parameters: ``hopbus.join()`` refuses them with one line.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
 from typing import Any
@@ -35,7 +36,7 @@ import numpy as np
 
 from hopbus.api import Context, join
 from hopbus.errors import RunFailure
-from hopbus.models.custom import NOT_BUILT, USE_EMA, unbuilt, uses_ema
+from hopbus.models.custom import NOT_BUILT, not_for_hop, unbuilt
 from hopbus.runtime.session import ALIGN
 from hopbus.transport import layout_of
 
@@ -123,16 +124,21 @@ class HopCallback(keras.callbacks.Callback):
         self._stepping = False
         self._applied: dict[str, np.ndarray] | None = None
         self._in_epoch = 0  # batches of the epoch going on, or of the last one
+        self._first_epoch: int | None = None  # this fit's first (initial_epoch, if resumed)
+        self._validated = False  # the last epoch ended with a validation
         self._stopping = False  # this callback ended fit (not EarlyStopping or another)
+        self._watching = False  # the model is compared with the run's at exit
 
     # -- fit's start and end --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if uses_ema(self.model):
-            raise RunFailure(f"HopCallback: {USE_EMA}")
+        why = not_for_hop(self.model)
+        if why is not None:
+            raise RunFailure(f"HopCallback: {why}")
         if self.ctx is None:
             self.ctx = join()
         self._variables, self._names = shared_weights(self.model)
         self._stopping = False
+        self._first_epoch = None
         if self.ctx.session is not None:  # a second fit: go on from where the run is
             with self.ctx._guard():
                 self._go_on()
@@ -166,6 +172,18 @@ class HopCallback(keras.callbacks.Callback):
         if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
             steps = (self.params or {}).get("steps")
             per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""
+            epochs = (self.params or {}).get("epochs")
+            first = self._first_epoch or 0
+            if first > 0 and isinstance(epochs, int):  # BackupAndRestore's resumed fit
+                ctx._ended_short(
+                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
+                    f"{ctx.iterations} iterations{per_epoch}: it began at epoch {first} "
+                    "(initial_epoch, as BackupAndRestore sets it when it resumes) and so ran "
+                    f"{epochs - first} of its {epochs} epochs, while a run launched again "
+                    f"starts at iteration 0: give fit epochs={first} + "
+                    "ctx.epochs(len(x_train), batch_size)"
+                )
+                return
             if isinstance(steps, int) and 0 < self._in_epoch < steps:  # the data ran out
                 ctx._ended_short(
                     f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
@@ -183,22 +201,68 @@ class HopCallback(keras.callbacks.Callback):
                 "done), or call fit again until ctx.done"
             )
             return
+        self._watch()
         if self.finish and not ctx.session.finished:
+            why = None
             if ctx.session.last_eval == (None, None):
-                print(
-                    f"hopbus: worker {ctx.worker}: fit had no validation data, so the run's "
-                    "final accuracy is unknown (give fit validation_data)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            ctx.finish()
+                why = "fit had no validation data"
+            elif not self._validated:
+                why = "fit's last validation came before the run's last iteration (validation_freq)"
+            if why is None:
+                ctx.finish()
+                return
+            # the script may report its own figures; at its end, hopbus reports the last
+            # validation's (or none)
+            print(
+                f"hopbus: worker {ctx.worker}: {why}: report the final test loss and "
+                "accuracy with ctx.finish(loss=..., accuracy=...) after model.evaluate(...), "
+                "or the run's are "
+                + ("unknown" if ctx.session.last_eval == (None, None) else "that validation's"),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _watch(self) -> None:
+        """Once the run is done: at the script's end, say so if the model no longer holds the
+        run's final weights (a callback after this one set others, as
+        EarlyStopping(restore_best_weights=True) does even when it never stopped fit): the
+        summary, the consensus and the accuracy reported are the run's model's."""
+        if self._watching:
+            return
+        self._watching = True
+        ctx = self.ctx
+        assert ctx is not None and ctx.session is not None
+        session = ctx.session
+
+        def compare() -> None:
+            with contextlib.suppress(Exception):  # TensorFlow going away: nothing to say
+                mine = self._get()
+                if any(not np.array_equal(mine[n], session.x[n]) for n in self._names):
+                    print(
+                        f"hopbus: worker {ctx.worker}: the model no longer holds the run's "
+                        "final weights (a callback set others after the run ended: "
+                        "EarlyStopping(restore_best_weights=True) does, even when it did not "
+                        "stop fit); what the run reported is the run's model",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+        atexit.register(compare)  # runs before the Context's close (registered at join)
 
     # -- each batch: one Hop iteration ----------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._in_epoch = 0
+        if self._first_epoch is None:
+            self._first_epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.ctx is not None
+        session = self.ctx.session
+        if session is not None and session.in_step:
+            # a batch begun on data that ran out (a dataset of unknown length, at an epoch's
+            # end) never ended: Keras took no step from its x_k, so this batch is that step
+            self._stepping = True
+            return
         self._stepping = self.ctx.begin() is not None
         if not self._stepping:  # the run is done: no more steps
             self._stop()
@@ -235,7 +299,8 @@ class HopCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}
         key = _accuracy_key(logs, "val_")
-        if "val_loss" in logs or key is not None:
+        self._validated = "val_loss" in logs or key is not None
+        if self._validated:
             assert self.ctx is not None
             self.ctx.log(
                 eval_loss=_number(logs.get("val_loss")),

@@ -249,12 +249,24 @@ USE_EMA = (
     "would end with models unlike each other and unlike the accuracy reported; compile "
     "without use_ema"
 )
-"""Why a Keras model whose optimizer keeps a moving average is refused (HopCallback at fit's
-start, --model before any worker starts)."""
 
 
-def uses_ema(model: Any) -> bool:
-    return bool(getattr(getattr(model, "optimizer", None), "use_ema", False))
+def not_for_hop(model: Any) -> str | None:
+    """Why a compiled Keras model cannot be a Hop worker as compiled (HopCallback refuses it
+    at fit's start, --model before any worker starts), or None: an optimizer that keeps a
+    moving average (``USE_EMA``), or train steps run several at a time, between two of which
+    no callback runs, so no exchange could either (one batch is one Hop iteration)."""
+    if getattr(getattr(model, "optimizer", None), "use_ema", False):
+        return USE_EMA
+    steps = getattr(model, "steps_per_execution", 1)
+    if isinstance(steps, int) and steps != 1:
+        return (
+            f"the model is compiled with steps_per_execution={steps}: Keras then runs {steps} "
+            "batches between two callbacks, and hopbus exchanges the parameters after every "
+            "batch (one batch is one Hop iteration); compile with steps_per_execution=1, the "
+            "default"
+        )
+    return None
 
 
 def check_model(obj: Any, spec: str) -> Any:
@@ -266,8 +278,9 @@ def check_model(obj: Any, spec: str) -> Any:
                 f"--model {spec!r} returned a Keras model that is not compiled: call "
                 "model.compile(optimizer=..., loss=..., metrics=['accuracy']) before returning it"
             )
-        if uses_ema(obj):
-            raise ConfigError(f"--model {spec!r}: {USE_EMA}")
+        why = not_for_hop(obj)
+        if why is not None:
+            raise ConfigError(f"--model {spec!r}: {why}")
         return obj
     if all(callable(getattr(obj, m, None)) for m in NUMPY_METHODS):
         return obj
@@ -419,6 +432,6 @@ __all__ = [
     "keras_mode_line",
     "kind_of",
     "load_callable",
+    "not_for_hop",
     "unbuilt",
-    "uses_ema",
 ]

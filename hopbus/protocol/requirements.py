@@ -1,6 +1,9 @@
 """What a blocked Recv waits for. Each requirement answers three questions about a mailbox:
 is it satisfied (``ready``), who is it still waiting on (``missing``), and what does it take
-(``take``, only once ready; it also raises the store's floor for the next iteration)."""
+(``take``, only once ready; it also raises the store's floor for the next iteration). And
+one about time (``settled``): would a later take, once ready, take the same updates? Only
+then may a driver take them before Compute ends (runtime/session.py's overlap): the paper's
+Recv follows Compute, and whatever arrives meanwhile joins the Reduce."""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ class Requirement(Protocol):
     def missing(self, box: Mailbox) -> tuple[int, ...]: ...
 
     def take(self, box: Mailbox) -> list[Update]: ...
+
+    @property
+    def settled(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,12 @@ class SameIteration:
         taken = store.dequeue(store.size(self.iteration), iteration=self.iteration) or []
         store.advance(self.next_floor)
         return taken
+
+    @property
+    def settled(self) -> bool:
+        """Waiting for every source: once ready, each has sent its one update of the
+        iteration. With backup workers a later take finds the late ones too."""
+        return self.need >= len(self.sources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,11 @@ class Fresh:
         store.advance(self.next_floor)
         return taken
 
+    @property
+    def settled(self) -> bool:
+        """Never: a later take finds newer updates (fresher than k - s) of the same sources."""
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class AcksFrom:
@@ -109,3 +126,8 @@ class AcksFrom:
 
     def take(self, box: Mailbox) -> list[Update]:
         return []
+
+    @property
+    def settled(self) -> bool:
+        """Always: it takes nothing."""
+        return True

@@ -64,6 +64,10 @@ def names(nodes: Sequence[int], ps: int | None = None) -> str:
     return ("worker " if len(nodes) == 1 else "workers ") + ", ".join(map(str, nodes))
 
 
+class Leaving(Exception):  # noqa: N818 - not an error: the node closes under a waiting thread
+    """Raised in a thread still waiting in a node that is closing (``Node.leaving``)."""
+
+
 class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(who, run):``
     """Redis errors as one line naming the node; the Lua scripts' refusals explained. A class,
     not a generator: the workers enter it around every step."""
@@ -198,6 +202,7 @@ class Node:
         self.outbox: Outbox | None = None
         self.heartbeat: Heartbeat | None = None
         self.admitted = False  # it took its place in the run (a refused process never does)
+        self.leaving = False  # closing: a thread still waiting in it stops at its next look
         self.trainer: Trainer  # set by each kind of node's _setup
         self._unseen: dict[int, float] = {}  # peers seen without a heartbeat, since (monotonic)
 
@@ -380,6 +385,8 @@ class Node:
         """What the inbox and heartbeat threads found, without any I/O: cheap enough for every
         iteration, so that a worker that never waits still stops with the run within a
         heartbeat period."""
+        if self.leaving:
+            raise Leaving(f"{self.who} is leaving")
         if self.inbox is not None and self.inbox.error is not None:
             raise self.inbox.error
         hb = self.heartbeat

@@ -14,7 +14,9 @@ protocol's rules run exactly as in the simulator, and every caller gets all of t
   Apply, Advance and any jump, and returns x_{k+1}.
 * In the parallel order Recv and Reduce do not depend on Compute: for models of at least
   ``OVERLAP_MIN_BYTES`` they run in a thread while the caller computes (the paper's
-  Send || Compute, taken one step further), so ``end`` is left with Apply and Advance.
+  Send || Compute, taken one step further), so ``end`` is left with Apply and Advance. Only
+  where that takes the very updates a Recv after Compute would (standard, notify-ack: every
+  in-neighbour's update of iteration k); with backup workers or staleness, ``end`` receives.
 
 ``--slowdown`` and ``--iter-time`` stretch the caller's compute as they stretch the built-in
 models' (``compute.paced``). Progress entries, TensorBoard scalars and the final report carry
@@ -53,6 +55,7 @@ from hopbus.protocol.effects import (
 )
 from hopbus.protocol.worker import worker_loop
 from hopbus.runtime.compute import paced
+from hopbus.runtime.node import LOOK_S
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.runtime.worker import Worker
 from hopbus.transport import ALLOWED_DTYPES, Layout, Params, encode_ack, layout_of
@@ -63,6 +66,17 @@ OVERLAP_MIN_BYTES = 1 << 20
 thread's hand-off costs more than the reduce it hides (a softmax's 2.6 kB)."""
 
 _OVERLAPPED = (Recv, PublishFloor, Reduce, SendAcks)  # what may run beside the caller's Compute
+
+
+def _may_overlap(eff: Effect | None) -> bool:
+    """Whether ``eff`` may run beside the caller's Compute: a Recv only if taking its updates
+    early takes the same ones as after Compute (``settled``: standard, notify-ack). With
+    backup workers or staleness the paper's Recv follows Compute, and what arrives meanwhile
+    (a late neighbour's update, a fresher one) joins the Reduce: there the thread stops and
+    ``end`` receives."""
+    if isinstance(eff, Recv):
+        return eff.requirement.settled
+    return isinstance(eff, _OVERLAPPED)
 
 
 class UsageError(UserError):
@@ -255,6 +269,11 @@ class Session:
         self.done = isinstance(self._next, Finish)
         return self.x
 
+    @property
+    def in_step(self) -> bool:
+        """A step begun and not yet ended."""
+        return self._in_step
+
     def begin(self) -> Params | None:
         """Begin the next step: returns x_k (read-only: compute new arrays from it), or None
         once the run's iterations are done."""
@@ -390,6 +409,14 @@ class Session:
         return result
 
     def close(self) -> None:
+        """Before the node closes its sockets: a Recv or Reduce still running beside the
+        caller's step (the step failed, or the process is stopping) is told to leave, and
+        waited for up to a look and a half, so no thread is in a socket as it closes."""
+        bg = self._bg
+        if bg is not None and bg.is_alive():
+            self.node.leaving = True  # its next look raises Leaving
+            bg.join(LOOK_S * 3)
+        self._bg = None
         if self.board is not None:
             self.board.flush()
 
@@ -452,7 +479,7 @@ class Session:
         cpu0 = time.thread_time()
         try:
             self._next = self._gen.send(None)  # Compute's result
-            while isinstance(self._next, _OVERLAPPED):
+            while _may_overlap(self._next):
                 eff = self._next
                 self._bg_req = eff.requirement if isinstance(eff, Recv) else None
                 value = self._perform(eff)

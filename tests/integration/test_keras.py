@@ -177,6 +177,26 @@ if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch
     data = tf.data.Dataset.from_tensor_slices((x[:224], y[:224])).batch(32)
     model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
+if sys.argv[1] == "generator":  # 7 batches of unknown length: each epoch ends as they run out
+    import tensorflow as tf
+    spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.int32))
+    data = tf.data.Dataset.from_generator(lambda: zip(x[:224], y[:224]), output_signature=spec)
+    model.fit(data.batch(32), epochs=10, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
+if sys.argv[1] == "noval":  # no validation in fit: the script reports its own figures
+    model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), verbose=0,
+              callbacks=[hopbus.keras.HopCallback(ctx)])
+    ctx.finish(loss=model.evaluate(x, y, verbose=0), accuracy=0.5)
+if sys.argv[1] == "valfreq":  # 8 epochs of 7 batches, validated after the 3rd and 6th only
+    model.fit(x, y, batch_size=32, epochs=8, verbose=0, validation_split=0.2,
+              validation_freq=3, callbacks=[hopbus.keras.HopCallback(ctx)])
+if sys.argv[1] == "restore":  # keeps the worst epoch's weights, and sets them at fit's end
+    keep = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1000,
+                                         restore_best_weights=True)
+    model.fit(x, y, batch_size=32, epochs=8, verbose=0,
+              callbacks=[hopbus.keras.HopCallback(ctx), keep])
+if sys.argv[1] == "resumed":  # as BackupAndRestore resumes it: from epoch 2 of 8
+    model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), initial_epoch=2, verbose=0,
+              callbacks=[hopbus.keras.HopCallback(ctx)])
 if sys.argv[1] == "early":  # epochs enough, but EarlyStopping ends fit after 2 of them
     stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10)
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32, validation_split=0.2),
@@ -197,6 +217,58 @@ if sys.argv[1] == "loop":  # and once more after the run is done: its step is un
 """
 
 
+def short_fit(redis_url: str, tmp_path: Path, how: str) -> subprocess.CompletedProcess:
+    """SHORT_FIT's case ``how`` launched as 2 workers of a 50-iteration run."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_FIT)
+    run_id, out = f"short{os.getpid()}{how}", str(tmp_path / how)
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run_id, "-n", "2",
+                       "--iterations", "50", "--out", out)  # fmt: skip
+    return subprocess.run([*args, "--", sys.executable, str(script), how], capture_output=True,
+                          text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
+
+
+def test_a_dataset_of_unknown_length_ends_each_epoch_as_it_runs_out(redis_url, tmp_path):
+    """Fault ``generator``: a tf.data dataset whose length Keras cannot know ends each epoch
+    on a batch that Keras begins and never ends (the data ran out inside its step). The
+    next epoch's first batch is that step (it failed "begin() twice" at the second epoch)."""
+    p = short_fit(redis_url, tmp_path, "generator")
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "generator" / "summary.json").read_text())
+    assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 50
+
+
+def test_what_fit_leaves_unsaid_is_said(redis_url, tmp_path):
+    """Faults in what fit reports: no validation (the script's own ctx.finish counts; the
+    callback had reported none and it failed "finish() was already called"); a last
+    validation before the run's end (validation_freq: said, not passed off as the end's); a
+    callback that set other weights after the run (EarlyStopping(restore_best_weights=True),
+    even without stopping: said at exit); a fit resumed at a later epoch (initial_epoch, as
+    BackupAndRestore sets it: blamed on that, not on too few epochs)."""
+    p = short_fit(redis_url, tmp_path, "noval")
+    assert p.returncode == 0, p.stderr
+    log = (tmp_path / "noval" / "logs" / "worker-0.log").read_text()
+    assert "fit had no validation data: report the final test loss and accuracy with" in log
+    s = json.loads((tmp_path / "noval" / "summary.json").read_text())
+    assert s["finished"] and all(w["final_accuracy"] == 0.5 for w in s["per_worker"]), s
+    p = short_fit(redis_url, tmp_path, "valfreq")
+    assert p.returncode == 0, p.stderr
+    log = (tmp_path / "valfreq" / "logs" / "worker-0.log").read_text()
+    assert "fit's last validation came before the run's last iteration (validation_freq)" in log
+    assert "or the run's are that validation's" in log
+    p = short_fit(redis_url, tmp_path, "restore")
+    assert p.returncode == 0, p.stderr
+    log = (tmp_path / "restore" / "logs" / "worker-0.log").read_text()
+    assert "the model no longer holds the run's final weights" in log, log
+    p = short_fit(redis_url, tmp_path, "resumed")
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "it began at epoch 2 (initial_epoch, as BackupAndRestore sets it when it resumes)" in (
+        last
+    ), last
+    assert "give fit epochs=2 + ctx.epochs(len(x_train), batch_size)" in last, last
+
+
 def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, tmp_path):
     """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
     fails saying how far it got, in the run's own count, and what to give fit; with a dataset
@@ -204,15 +276,9 @@ def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, t
     callback (EarlyStopping), that no worker may leave before the run ends. A script that
     fits one epoch at a time until the run is done (a new callback each time) trains through,
     and a fit after that trains nothing."""
-    script = tmp_path / "short.py"
-    script.write_text(SHORT_FIT)
 
     def run(how: str) -> subprocess.CompletedProcess:
-        run_id, out = f"short{os.getpid()}{how}", str(tmp_path / how)
-        args = hopbus_args("launch", "--redis", redis_url, "--run", run_id, "-n", "2",
-                           "--iterations", "50", "--out", out)  # fmt: skip
-        return subprocess.run([*args, "--", sys.executable, str(script), how], capture_output=True,
-                              text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
+        return short_fit(redis_url, tmp_path, how)
 
     p = run("once")
     assert p.returncode == 1, p.stderr

@@ -84,10 +84,21 @@ with hopbus.join() as ctx:
     w0 = rng.normal(size=shape).astype(np.float32)
     if fault == "nan_start" and me == who:
         w0[1, 2] = np.nan
-    params = ctx.start({"W": w0}, overlap=fault == "overlap")
+    params = ctx.start({"W": w0}, overlap=fault in ("overlap", "leaves_mid_step"))
     print("start", me, float(params["W"].sum()), flush=True)
     while not ctx.done:
+        if fault == "leaves_mid_step" and me != who and ctx.iteration == 4:
+            import time  # step 4 done: its update of iteration 5 (begin sends it) comes late
+            time.sleep(3)
         p = ctx.begin()
+        if fault == "leaves_mid_step" and me == who and ctx.iteration == 5:
+            import threading  # it leaves in the middle of its step, its thread in Recv
+            def waiting():
+                return [t.name for t in threading.enumerate() if t.name == "hop-reduce"]
+            print("waiting", waiting(), flush=True)
+            ctx.close()
+            print("after close", waiting(), type(ctx.session._bg_error).__name__, flush=True)
+            sys.exit(1)
         if fault == "crash_at" and me == who and ctx.iteration >= 20:
             # brackets as a path or an index holds them: text to every printer, not markup
             raise ZeroDivisionError("worker %d gave up on [/data/shard-%d]" % (me, me))
@@ -229,10 +240,13 @@ def test_a_second_join_in_a_process_is_the_same_worker(redis_url, tmp_path, scri
         assert f"refused: hopbus.join(): this process is worker {i} of run " in log, log
 
 
-def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, script):
-    """overlap=True: Recv and Reduce in a thread while the loop computes (big models' path)."""
+@pytest.mark.parametrize("mode", ["standard", "staleness"])
+def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, script, mode):
+    """overlap=True: Recv and Reduce in a thread while the loop computes (big models' path);
+    in staleness mode the thread stops at Recv, which takes fresher updates after Compute
+    (tests/unit/test_requirements_settled.py)."""
     p, s, _ = launch(
-        redis_url, tmp_path / "run", "-n", "4", "--mode", "staleness", "--iterations", "60",
+        redis_url, tmp_path / "run", "-n", "4", "--mode", mode, "--iterations", "60",
         command=[sys.executable, str(script), "overlap"],
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -242,6 +256,23 @@ def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, scri
     # 0.1 it ends depends on the machine's load (a loaded CI saw 0.52)
     assert s["consensus_distance"] < 0.8
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
+
+
+def test_a_worker_leaving_mid_step_stops_its_waiting_thread_before_the_sockets_close(
+    redis_url, tmp_path, script
+):
+    """Fault ``leaves_mid_step``: worker 1 closes in the middle of a step while its thread
+    waits in Recv for worker 0's late update (as a step that raises leaves a with block).
+    The thread is told to leave and is gone before the sockets it polls close (ZeroMQ
+    sockets are not thread-safe: it met them closed under it, ZMQError)."""
+    p, _, _ = launch(
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
+        command=[sys.executable, str(script), "leaves_mid_step", "1"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+    assert "waiting ['hop-reduce']" in log and "after close [] Leaving" in log, log
+    assert "Traceback" not in log, log
 
 
 @pytest.mark.parametrize("mode", ["standard", "backup"])

@@ -32,3 +32,20 @@ def test_the_same_model_from_the_command_line_is_refused_before_any_worker_start
     model.compile(optimizer=keras.optimizers.Adam(use_ema=True), loss="mse")
     with pytest.raises(ConfigError, match=r"--model 'm\.py:f': the optimizer has use_ema=True"):
         check_model(model, "m.py:f")
+
+
+def test_train_steps_run_several_at_a_time_are_refused():
+    """steps_per_execution=4: Keras calls the callbacks once per 4 batches, so no exchange
+    could come between them (it ran 4 optimizer steps per Hop iteration, and blamed the
+    data for running out when fit ended early)."""
+    from hopbus.errors import ConfigError
+    from hopbus.models.custom import check_model
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+    callback = HopCallback()
+    callback.set_model(model)
+    with pytest.raises(RunFailure, match="compiled with steps_per_execution=4: Keras then runs"):
+        callback.on_train_begin()
+    with pytest.raises(ConfigError, match=r"--model 'm\.py:f': the model is compiled with steps_"):
+        check_model(model, "m.py:f")
