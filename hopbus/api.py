@@ -81,15 +81,47 @@ def _show_user_errors() -> None:
 
 
 def _env_number(name: str, kind: type, value: Any) -> Any:
+    """``value`` if given, else the environment's ``name`` as a ``kind``: ASCII digits (and a
+    sign, a point, an exponent), not what else Python's int() and float() take (``1_0``,
+    other scripts' digits)."""
     if value is not None:
         return value
     text = os.environ.get(name)
     if text is None or text == "":
         return None
     try:
+        if not text.isascii() or "_" in text:
+            raise ValueError(text)
         return kind(text)
     except ValueError:
-        raise UserError(f"{name}={text!r} is not a number") from None
+        raise UserError(f"{name}={text!r:.80} is not a number") from None
+
+
+def _check_join_args(**given: Any) -> None:
+    """join()'s arguments of the wrong kind, as one line each (they met a traceback deep in
+    the run's code, or a message blaming Redis)."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name == "id":
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise UserError(
+                    f"hopbus.join(): id must be a whole number, not {type(value).__name__}"
+                )
+        elif name in ("curve", "tensorboard"):
+            if not isinstance(value, str | os.PathLike):
+                raise UserError(
+                    f"hopbus.join(): {name} must be a folder's path, not {type(value).__name__}"
+                )
+        elif name == "timeout":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise UserError(
+                    f"hopbus.join(): timeout must be seconds, not {type(value).__name__}"
+                )
+        elif not isinstance(value, str):
+            raise UserError(f"hopbus.join(): {name} must be a string, not {type(value).__name__}")
+        elif not value:
+            raise UserError(f"hopbus.join(): {name} is empty (leave it out for the default)")
 
 
 _joined: list[tuple[str, str, Context]] = []
@@ -124,6 +156,10 @@ def join(
     from hopbus.runtime.node import redis_failures
 
     _show_user_errors()
+    _check_join_args(
+        run=run, redis=redis, id=id, bind=bind, advertise=advertise, timeout=timeout,
+        curve=curve, device=device, tensorboard=tensorboard,
+    )  # fmt: skip
     run = run if run is not None else os.environ.get(env.RUN)
     if not run:
         raise NotLaunchedError(
@@ -131,7 +167,7 @@ def join(
         )
     url = redis or os.environ.get(env.REDIS) or DEFAULT_URL
     check_url(url)
-    worker = _env_number(env.ID, int, id)
+    worker = _env_number(env.ID, int, None if id is None else int(id))
     if _joined and not _joined[0][2]._closed:  # one process, one worker
         _, was_url, ctx = _joined[0]
         if run == ctx.run and url == was_url and worker in (None, ctx.worker):

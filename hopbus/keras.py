@@ -57,8 +57,23 @@ def _number(value: Any) -> float | None:
 
 
 def shared_weights(model: Any) -> tuple[list[Any], list[str]]:
-    """The model's floating-point weights (trainable or not) and a unique name for each."""
-    variables = [v for v in model.weights if np.dtype(str(v.dtype)).kind == "f"]
+    """The model's floating-point weights (trainable or not) and a unique name for each; one
+    line for a float hopbus does not carry (bfloat16, float8: numpy knows no float of them)."""
+    variables = []
+    for v in model.weights:
+        dtype = str(v.dtype)
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:
+            kind = None
+        if kind == "f":
+            variables.append(v)
+        elif "float" in dtype:
+            raise RunFailure(
+                f"HopCallback: weight {str(getattr(v, 'path', None) or v.name)!r} is {dtype}, "
+                "which hopbus does not exchange (float16, float32, float64): keep the "
+                "variables float32 (a mixed_bfloat16 policy does, and computes in bfloat16)"
+            )
     names: list[str] = []
     seen: dict[str, int] = {}
     for v in variables:

@@ -937,6 +937,9 @@ class Heartbeat:
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since >= self.patience_s:
                     self.error = exc  # the worker notices at its next look
+            except Exception as exc:  # a bug (in stats(), say): not a silent end of the beats,
+                self.error = exc  # after which the neighbours would declare a live worker dead
+                return
 
     def stop(self) -> None:
         self._stop.set()

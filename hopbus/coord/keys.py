@@ -89,7 +89,7 @@ def check_run_id(run: str) -> str:
     """A run id is a name a shell, a folder and a Redis key can all carry unquoted."""
     if not RUN_ID.fullmatch(run):
         raise ConfigError(
-            f"--run {run!r}: a run id is 1 to 64 letters, digits, '_', '.' or '-', starting "
+            f"--run {run!r:.80}: a run id is 1 to 64 letters, digits, '_', '.' or '-', starting "
             "with a letter or digit"
         )
     return run

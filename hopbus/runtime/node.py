@@ -396,8 +396,12 @@ class Node:
                 f"{self.who}: Redis refused its heartbeat ({read.refusal(hb.error)}): "
                 f"{read.refused_because(hb.error, tampered)}"
             )
-        if hb is not None and hb.error is not None:
+        if hb is not None and isinstance(hb.error, redis.RedisError):
             raise RunFailure(f"{self.who} lost Redis: {hb.error}")
+        if hb is not None and hb.error is not None:
+            raise RunFailure(
+                f"{self.who}: its heartbeat failed ({type(hb.error).__name__}: {hb.error})"
+            )
         if hb is not None and hb.stopped is not None:
             raise RunStopped(f"{self.who} stopped with the run: {hb.stopped}")
         if hb is not None and hb.declared_dead:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -207,6 +208,7 @@ class Session:
         self.iteration = 0  # the step begun last (or the iteration started in)
         self.done = False  # every iteration done: only finish() is left
         self.finished = False
+        self.report: dict[str, Any] | None = None  # the final report published
         self.loss: float | None = None
         self.pending: dict[str, float] = {}  # fields for the next progress entry
         self.last_eval: tuple[float | None, float | None] = (None, None)
@@ -376,8 +378,14 @@ class Session:
                 f"finish() in iteration {self.iteration} of {self.node.cfg.iterations}: the run "
                 "is not done yet"
             )
-        if self.finished:
-            raise UsageError("finish() was already called")
+        if self.report is not None:  # reported: a second report changes nothing (the run's
+            print(  # part of this worker is done; failing it now would fail a finished run)
+                f"hopbus: worker {self.node.worker}: finish() was already called: the run has "
+                "this worker's report; this call's figures are not reported",
+                file=sys.stderr,
+                flush=True,
+            )
+            return self.report
         n = self.node
         if loss is None and accuracy is None:
             loss, accuracy = self.last_eval
@@ -400,6 +408,7 @@ class Session:
 
         result = n.with_redis(publish)
         self.finished = True
+        self.report = result
         if self.board is not None:
             self.board.add(
                 eff.iterations, {"test/loss": loss, "test/accuracy": accuracy}, keep=True

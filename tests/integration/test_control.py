@@ -294,3 +294,24 @@ def test_a_killed_advance_connection_fails_once_then_reconnects(redis_client, al
     assert redis_client.get(keys.iter(0)) == b"1"  # that Advance did not go through
     _advance_once(control, 1)  # the next call connects again
     assert redis_client.get(keys.iter(0)) == b"2"
+
+
+def test_a_heartbeat_whose_thread_fails_says_so_instead_of_going_quiet(redis_client):
+    """Fault ``stats_raise``: the counters the heartbeat writes fail with a bug's exception.
+    The thread ended silently, and the neighbours declared the live worker dead; now it
+    leaves the error for the worker's next look, which fails with one line."""
+    keys = RunKeys(f"hbf{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    control = RunControl(redis_client, keys, 0)
+    control.start(put_to=[], count=0, at=0)
+    calls = []
+
+    def stats() -> dict[str, int]:
+        calls.append(1)
+        if len(calls) > 1:  # the start's beat passes; the thread's first one fails
+            raise KeyError("inbox")
+        return {}
+
+    hb = Heartbeat(control, 1.0, stats=stats).start()  # beats every 1/3 s
+    hb._thread.join(timeout=10)
+    assert not hb._thread.is_alive()
+    assert isinstance(hb.error, KeyError)

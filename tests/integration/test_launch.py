@@ -126,6 +126,8 @@ with hopbus.join() as ctx:
             ctx.log(eval_loss=float(((p["W"] - 1.5) ** 2).mean()), eval_accuracy=0.5)
     if ctx.done:
         ctx.finish(loss=float(((p["W"] - 1.5) ** 2).mean()), accuracy=0.5)
+        if fault == "finishes_twice" and me == who:  # its first report stands
+            print("again", ctx.finish(loss=9.0, accuracy=0.9)["final_accuracy"], flush=True)
         print("finished", me, float(p["W"].mean()), flush=True)
 if fault == "linger":  # its part done, it stays, deaf to SIGTERM
     import signal, time
@@ -256,6 +258,20 @@ def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, scri
     # 0.1 it ends depends on the machine's load (a loaded CI saw 0.52)
     assert s["consensus_distance"] < 0.8
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
+
+
+def test_a_second_finish_is_said_and_the_first_report_stands(redis_url, tmp_path, script):
+    """Fault ``finishes_twice``: a script that reports twice (a callback's report, then its
+    own) failed a run whose every iteration was done ("finish() was already called")."""
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
+        command=[sys.executable, str(script), "finishes_twice", "1"],
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert s["finished"] and all(w["final_accuracy"] == 0.5 for w in s["per_worker"]), s
+    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+    assert "finish() was already called: the run has this worker's report" in log, log
+    assert "again 0.5" in log, log
 
 
 def test_a_worker_leaving_mid_step_stops_its_waiting_thread_before_the_sockets_close(

@@ -57,3 +57,37 @@ def test_a_figure_beyond_any_float_is_one_line():
     with pytest.raises(UserError, match=r"^end\(\): loss is an integer beyond any float's range$"):
         _figure("end()", "loss", 10**400)
     assert _figure("end()", "loss", np.float32(0.5)) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"run": 123}, "run must be a string, not int"),
+        ({"run": "r", "redis": 123}, "redis must be a string, not int"),
+        ({"run": "r", "redis": ""}, "redis is empty"),
+        ({"run": "r", "id": "0"}, "id must be a whole number, not str"),
+        ({"run": "r", "id": 1.7}, "id must be a whole number, not float"),
+        ({"run": "r", "id": True}, "id must be a whole number, not bool"),
+        ({"run": "r", "timeout": "5"}, "timeout must be seconds, not str"),
+        ({"run": "r", "tensorboard": 3}, "tensorboard must be a folder's path, not int"),
+    ],
+)
+def test_join_arguments_of_the_wrong_kind_are_one_line(kw, match):
+    """Before any connection: they met tracebacks deep in the run's code (a float id at
+    start(), True taken for worker 1 and its failure blamed on Redis)."""
+    import hopbus
+
+    with pytest.raises(UserError, match=match):
+        hopbus.join(**kw)
+
+
+@pytest.mark.parametrize("text", ["1_0", "\u0967", " 1e400x"])
+def test_a_number_from_the_environment_is_ascii_digits(monkeypatch, text):
+    """HOPBUS_ID=1_0 joined as worker 10, and a Devanagari one as worker 1."""
+    from hopbus.api import _env_number
+
+    monkeypatch.setenv("HOPBUS_ID", text)
+    with pytest.raises(UserError, match=r"HOPBUS_ID=.* is not a number"):
+        _env_number("HOPBUS_ID", int, None)
+    monkeypatch.setenv("HOPBUS_ID", "12")
+    assert _env_number("HOPBUS_ID", int, None) == 12

@@ -49,3 +49,13 @@ def test_train_steps_run_several_at_a_time_are_refused():
         callback.on_train_begin()
     with pytest.raises(ConfigError, match=r"--model 'm\.py:f': the model is compiled with steps_"):
         check_model(model, "m.py:f")
+
+
+def test_weights_of_a_float_hopbus_does_not_carry_are_refused_not_left_out():
+    """A bfloat16 layer's weights are no numpy float: they were silently left out of the
+    exchange (each worker kept its own), and a model of them only was 'nothing to train'."""
+    from hopbus.keras import shared_weights
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="bfloat16")])
+    with pytest.raises(RunFailure, match=r"weight '.*dense.*/kernel' is bfloat16, which hopbus"):
+        shared_weights(model)
