@@ -48,9 +48,7 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # as written (its port checked above): [::1]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 

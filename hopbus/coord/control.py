@@ -19,7 +19,7 @@ import redis
 
 from hopbus.coord import read
 from hopbus.coord.client import Lua, PinnedScript
-from hopbus.coord.keys import FINISHED, RunKeys, named_keys
+from hopbus.coord.keys import FINISHED, JOIN_FAILED, SAYS_WHY_GONE, RunKeys, named_keys
 from hopbus.errors import DeclaredDead
 from hopbus.jsonout import dumps
 from hopbus.topology import token_queue_capacity
@@ -629,6 +629,22 @@ class RunControl:
         return {j: read.text(v, 300) for j, v in zip(of, values, strict=True)}
 
     # -- streams and results ----------------------------------------------------------------------
+    def last_words(self, of: Sequence[int], look: int = 500) -> list[str]:
+        """The message of each of ``of``'s newest failure among the run's last ``look``
+        events (``error``, ``interrupted``, ``join_failed``: a script that exited before it
+        joined, say), as one line that names the worker: what a worker waiting for it in
+        vain can quote."""
+        found: dict[int, str] = {}
+        for _, fields in self.r.xrevrange(self.keys.events, count=look):
+            if read.text(fields.get(b"kind")) not in (*SAYS_WHY_GONE, JOIN_FAILED):
+                continue
+            who = read.integer(fields.get(b"worker"))
+            message = read.text(fields.get(b"message"), 300)
+            if who in of and who not in found and message:
+                named = message.startswith(f"worker {who}")
+                found[who] = message if named else f"worker {who}: {message}"
+        return [found[j] for j in of if j in found]
+
     def event(self, kind: str, **fields: Any) -> None:
         flat = {"kind": kind, "worker": self.worker, "t": time.time()}
         flat.update(fields)

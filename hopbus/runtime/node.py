@@ -360,11 +360,16 @@ class Node:
             if not missing:
                 return {j: e for j, e in found.items() if e is not None}
             if time.monotonic() >= deadline:
+                said = ""
+                with contextlib.suppress(redis.RedisError):
+                    said = "".join(
+                        f"; the run's events: {w}" for w in self.control.last_words(missing)
+                    )
                 raise RunFailure(
                     f"{self.who} waited {self.timeout:g} s for {names(missing, self.ps_id)} to "
                     f"register an endpoint in {self.keys.addr}; "
                     f"{'it' if len(missing) == 1 else 'they'} never appeared (slow start-up? "
-                    "raise --timeout)"
+                    f"raise --timeout){said}"
                 )
             self._check_threads()
             time.sleep(0.05)  # polling the registry while peers start

@@ -185,3 +185,27 @@ def test_a_worker_bound_to_another_transport_than_tcp_is_one_line(redis_url, bin
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     (line,) = p.stderr.strip().splitlines()
     assert "an inbox listens on tcp://HOST:PORT" in line, line
+
+
+def test_a_worker_waiting_in_vain_quotes_why_the_other_never_appeared(redis_url):
+    """Fault ``script_exits_at_once``: worker 0's command (``hopbus worker -- COMMAND``)
+    exited 0 without joining, which it told the run's events; worker 1 waited out --timeout
+    and blamed a slow start-up. It now quotes worker 0's own failure."""
+    run = f"gone{os.getpid()}"
+    create = ["create", "--run", run, "-n", "2", "--iterations", "20", "--timeout", "4"]
+    joins = "import hopbus, numpy; hopbus.join().start({'w': numpy.zeros(3, 'float32')})"
+    worker = ["worker", "--run", run, "--redis", redis_url, "--id"]
+
+    def hopbus(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_hopbus(*args), capture_output=True, text=True, env=_env(),
+                              timeout=60, check=False)  # fmt: skip
+
+    p = hopbus(*create, "--model", "script", "--redis", redis_url)
+    assert p.returncode == 0, p.stderr
+    gone = hopbus(*worker, "0", "--", sys.executable, "-c", "pass")
+    assert gone.returncode == 1, gone.stderr
+    p = hopbus(*worker, "1", "--", sys.executable, "-c", joins)
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "never appeared (slow start-up? raise --timeout); the run's events: worker 0: " in last
+    assert "exited 0 without finishing its part of the run" in last, last

@@ -61,6 +61,7 @@ def test_passwords_are_redacted():
     assert redact("redis://:pw@h/0") == "redis://:***@h/0"
     assert redact("redis://h:1/0") == "redis://h:1/0"
     assert redact("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
+    assert redact("redis://u:pw@[::1]:1/0") == "redis://u:***@[::1]:1/0"  # its brackets kept
     # fault ``escaped_password``: redis-py decodes the query's names, so redact does too
     for url in (
         "redis://h:1/0?password=pw",
