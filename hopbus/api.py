@@ -99,7 +99,8 @@ def _env_number(name: str, kind: type, value: Any) -> Any:
 
 def _check_join_args(**given: Any) -> None:
     """join()'s arguments of the wrong kind, as one line each (they met a traceback deep in
-    the run's code, or a message blaming Redis)."""
+    the run's code, or a message blaming Redis). An empty one means its default (a run of
+    "" is no run: NotLaunchedError), but for ``redis``: the default broker is nobody's run."""
     for name, value in given.items():
         if value is None:
             continue
@@ -120,8 +121,8 @@ def _check_join_args(**given: Any) -> None:
                 )
         elif not isinstance(value, str):
             raise UserError(f"hopbus.join(): {name} must be a string, not {type(value).__name__}")
-        elif not value:
-            raise UserError(f"hopbus.join(): {name} is empty (leave it out for the default)")
+        elif name == "redis" and not value:  # it meant the default broker, someone else's
+            raise UserError("hopbus.join(): redis is empty (leave it out for the default)")
 
 
 _joined: list[tuple[str, str, Context]] = []

@@ -121,6 +121,13 @@ def _snapshot(variable: Any) -> np.ndarray:
     return a
 
 
+_WATCHED: dict[int, HopCallback] = {}
+"""Per context (``id``), the callback of its last fit once the run was done: its model is
+compared with the run's final weights when the script ends (HopCallback._watch)."""
+_TOLD: set[int] = set()
+"""Contexts whose worker was told to report its own final figures (once)."""
+
+
 class HopCallback(keras.callbacks.Callback):
     """Makes ``model.fit`` a worker of the run ``ctx`` joined (default: ``hopbus.join()`` at
     the start of fit). ``finish``: report the final test loss and accuracy when fit ends (the
@@ -142,7 +149,7 @@ class HopCallback(keras.callbacks.Callback):
         self._first_epoch: int | None = None  # this fit's first (initial_epoch, if resumed)
         self._validated = False  # the last epoch ended with a validation
         self._stopping = False  # this callback ended fit (not EarlyStopping or another)
-        self._watching = False  # the model is compared with the run's at exit
+        self._began_run = False  # this fit entered the run (the process's first fit)
 
     # -- fit's start and end --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -154,6 +161,7 @@ class HopCallback(keras.callbacks.Callback):
         self._variables, self._names = shared_weights(self.model)
         self._stopping = False
         self._first_epoch = None
+        self._began_run = self.ctx.session is None
         if self.ctx.session is not None:  # a second fit: go on from where the run is
             with self.ctx._guard():
                 self._go_on()
@@ -187,18 +195,6 @@ class HopCallback(keras.callbacks.Callback):
         if not ctx.done:  # the script may call fit again (one epoch per fit); if it does not:
             steps = (self.params or {}).get("steps")
             per_epoch = f" ({steps} batches an epoch)" if isinstance(steps, int) else ""
-            epochs = (self.params or {}).get("epochs")
-            first = self._first_epoch or 0
-            if first > 0 and isinstance(epochs, int):  # BackupAndRestore's resumed fit
-                ctx._ended_short(
-                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
-                    f"{ctx.iterations} iterations{per_epoch}: it began at epoch {first} "
-                    "(initial_epoch, as BackupAndRestore sets it when it resumes) and so ran "
-                    f"{epochs - first} of its {epochs} epochs, while a run launched again "
-                    f"starts at iteration 0: give fit epochs={first} + "
-                    "ctx.epochs(len(x_train), batch_size)"
-                )
-                return
             if isinstance(steps, int) and 0 < self._in_epoch < steps:  # the data ran out
                 ctx._ended_short(
                     f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
@@ -206,6 +202,19 @@ class HopCallback(keras.callbacks.Callback):
                     f"batches of an epoch of {steps} (steps_per_epoch): repeat the dataset "
                     "(dataset.repeat()), or give fit no more steps_per_epoch than it holds, "
                     "and more epochs"
+                )
+                return
+            epochs = (self.params or {}).get("epochs")
+            first = self._first_epoch or 0
+            if self._began_run and first > 0 and isinstance(epochs, int):
+                # the process's first fit began at a later epoch: BackupAndRestore resumed it
+                ctx._ended_short(
+                    f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
+                    f"{ctx.iterations} iterations{per_epoch}: it began at epoch {first} "
+                    "(initial_epoch, as BackupAndRestore sets it when it resumes) and so ran "
+                    f"{epochs - first} of its {epochs} epochs, while a run launched again "
+                    f"starts at iteration 0: give fit epochs={first} + "
+                    "ctx.epochs(len(x_train), batch_size)"
                 )
                 return
             ctx._ended_short(
@@ -226,6 +235,9 @@ class HopCallback(keras.callbacks.Callback):
             if why is None:
                 ctx.finish()
                 return
+            if id(ctx) in _TOLD:  # a later fit after the run: said once
+                return
+            _TOLD.add(id(ctx))
             # the script may report its own figures; at its end, hopbus reports the last
             # validation's (or none)
             print(
@@ -242,17 +254,19 @@ class HopCallback(keras.callbacks.Callback):
         run's final weights (a callback after this one set others, as
         EarlyStopping(restore_best_weights=True) does even when it never stopped fit): the
         summary, the consensus and the accuracy reported are the run's model's."""
-        if self._watching:
-            return
-        self._watching = True
         ctx = self.ctx
         assert ctx is not None and ctx.session is not None
         session = ctx.session
+        known = id(ctx) in _WATCHED
+        _WATCHED[id(ctx)] = self  # the model of the context's last fit is compared
+        if known:
+            return
 
         def compare() -> None:
+            last = _WATCHED[id(ctx)]
             with contextlib.suppress(Exception):  # TensorFlow going away: nothing to say
-                mine = self._get()
-                if any(not np.array_equal(mine[n], session.x[n]) for n in self._names):
+                mine = last._get()
+                if any(not np.array_equal(mine[n], session.x[n]) for n in last._names):
                     print(
                         f"hopbus: worker {ctx.worker}: the model no longer holds the run's "
                         "final weights (a callback set others after the run ended: "
@@ -273,7 +287,7 @@ class HopCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         assert self.ctx is not None
         session = self.ctx.session
-        if session is not None and session.in_step:
+        if session is not None and session.awaiting_end:
             # a batch begun on data that ran out (a dataset of unknown length, at an epoch's
             # end) never ended: Keras took no step from its x_k, so this batch is that step
             self._stepping = True

@@ -419,6 +419,8 @@ class Node:
         log(f"{self.who} lost Redis ({exc}); reconnecting for up to {self.timeout:g} s")
         last: BaseException = exc
         for _ in attempts(self.timeout):
+            if self.leaving:  # a thread still at work while the node closes (Session.close)
+                raise Leaving(f"{self.who} is leaving")
             try:
                 self.r.ping()
                 log(f"{self.who} reached Redis again")
@@ -785,8 +787,10 @@ class Node:
         dead, whose place a replacement may hold."""
         if heartbeat.declared_dead:
             return
-        with contextlib.suppress(redis.RedisError):  # a second's patience: a frozen Redis
-            self.control.publish_stats(self.stats(), quick(self.redis_url))  # holds no exit
+        # a second's patience: a frozen Redis holds no exit; and a failing stats() (the
+        # heartbeat's failure, said already) is not said twice
+        with contextlib.suppress(Exception):  # Redis errors included
+            self.control.publish_stats(self.stats(), quick(self.redis_url))
 
     def _outboxes(self) -> list[Outbox]:
         return [self.outbox] if self.outbox is not None else []

@@ -218,6 +218,7 @@ class Session:
         self._gen: Any = None
         self._next: Effect | None = None
         self._in_step = False
+        self._ending = False  # end() entered for the step begun (it may have been interrupted)
         self._awaiting_apply = False  # parallel order, between Compute and Apply
         self._corr: Params | None = None  # Reduce's part of x_{k+1}, waiting for Apply
         self._corr_buf: Params | None = None  # its arrays, reused step after step
@@ -272,9 +273,17 @@ class Session:
         return self.x
 
     @property
-    def in_step(self) -> bool:
-        """A step begun and not yet ended."""
-        return self._in_step
+    def awaiting_end(self) -> bool:
+        """A step begun whose end() has not been entered: the caller may still take its step
+        from x_k (hopbus.keras: a batch begun on data that ran out)."""
+        return self._in_step and not self._ending
+
+    def _interrupted(self) -> UsageError:
+        return UsageError(
+            f"the step of iteration {self.iteration} did not end: its end() was interrupted "
+            "(Ctrl-C, or an error the script caught), so the protocol is in the middle of it "
+            "and this worker cannot go on"
+        )
 
     def begin(self) -> Params | None:
         """Begin the next step: returns x_k (read-only: compute new arrays from it), or None
@@ -282,6 +291,8 @@ class Session:
         if self._gen is None:
             raise UsageError("begin() before start()")
         if self._in_step:
+            if self._ending:
+                raise self._interrupted()
             raise UsageError("begin() twice: end() the step begun first")
         if self.done:
             return None
@@ -321,6 +332,8 @@ class Session:
         not what ``apply`` returned (the serial order, or a jump), the caller sets it."""
         if not self._in_step:
             raise UsageError("end() without begin()")
+        if self._ending:
+            raise self._interrupted()
         if params is None and apply is None:
             raise UsageError("end() needs your step's parameters (or apply=)")
         if params is not None and apply is not None:
@@ -342,6 +355,7 @@ class Session:
         self.loss = _figure("end()", "loss", loss)
         if self.loss is not None and not math.isfinite(self.loss):
             self._diverge(f"its training loss is {self.loss}")
+        self._ending = True  # from here on the protocol moves: an interrupted end() is final
         if self._bg is not None:
             self._join_overlap()
         else:
@@ -352,7 +366,7 @@ class Session:
             self._next = self._gen.send(value)
             if isinstance(eff, Advance):
                 break
-        self._in_step = False
+        self._in_step = self._ending = False
         self._new = self._apply_fn = None
         self.done = isinstance(self._next, Finish)
         return self.x
@@ -420,7 +434,8 @@ class Session:
     def close(self) -> None:
         """Before the node closes its sockets: a Recv or Reduce still running beside the
         caller's step (the step failed, or the process is stopping) is told to leave, and
-        waited for up to a look and a half, so no thread is in a socket as it closes."""
+        waited for up to three looks (it stops at its next look, or before its next effect),
+        so no thread is in a socket as it closes."""
         bg = self._bg
         if bg is not None and bg.is_alive():
             self.node.leaving = True  # its next look raises Leaving
@@ -488,7 +503,7 @@ class Session:
         cpu0 = time.thread_time()
         try:
             self._next = self._gen.send(None)  # Compute's result
-            while _may_overlap(self._next):
+            while _may_overlap(self._next) and not self.node.leaving:
                 eff = self._next
                 self._bg_req = eff.requirement if isinstance(eff, Recv) else None
                 value = self._perform(eff)

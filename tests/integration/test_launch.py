@@ -99,6 +99,14 @@ with hopbus.join() as ctx:
             ctx.close()
             print("after close", waiting(), type(ctx.session._bg_error).__name__, flush=True)
             sys.exit(1)
+        if fault == "end_interrupted" and me == who and ctx.iteration == 5:
+            def interrupted(part):  # a Ctrl-C in the middle of end(), which the script catches
+                raise KeyboardInterrupt
+            try:
+                ctx.end(apply=interrupted)
+            except KeyboardInterrupt:
+                print("caught", flush=True)
+            ctx.begin()  # and goes on as if nothing had happened
         if fault == "crash_at" and me == who and ctx.iteration >= 20:
             # brackets as a path or an index holds them: text to every printer, not markup
             raise ZeroDivisionError("worker %d gave up on [/data/shard-%d]" % (me, me))
@@ -258,6 +266,20 @@ def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, scri
     # 0.1 it ends depends on the machine's load (a loaded CI saw 0.52)
     assert s["consensus_distance"] < 0.8
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
+
+
+def test_a_step_whose_end_was_interrupted_cannot_go_on(redis_url, tmp_path, script):
+    """Fault ``end_interrupted``: the script catches a KeyboardInterrupt from the middle of
+    end() and goes on. The protocol is past Recv and Reduce: the next begin() is one line
+    (it sent None as Compute's result into a pending Recv: a TypeError from worker_loop)."""
+    p, _, _ = launch(
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
+        command=[sys.executable, str(script), "end_interrupted", "1"],
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+    assert "caught" in log and "Traceback" not in log, log
+    assert "the step of iteration 5 did not end: its end() was interrupted" in log, log
 
 
 def test_a_second_finish_is_said_and_the_first_report_stands(redis_url, tmp_path, script):
