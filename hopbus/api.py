@@ -99,8 +99,9 @@ def _env_number(name: str, kind: type, value: Any) -> Any:
 
 def _check_join_args(**given: Any) -> None:
     """join()'s arguments of the wrong kind, as one line each (they met a traceback deep in
-    the run's code, or a message blaming Redis). An empty one means its default (a run of
-    "" is no run: NotLaunchedError), but for ``redis``: the default broker is nobody's run."""
+    the run's code, or a message blaming Redis); ``timeout`` follows the run's own rule
+    (check_setting). An empty one means its default (a run of "" is no run:
+    NotLaunchedError), but for ``redis``: the default broker is nobody's run."""
     for name, value in given.items():
         if value is None:
             continue
@@ -113,11 +114,6 @@ def _check_join_args(**given: Any) -> None:
             if not isinstance(value, str | os.PathLike):
                 raise UserError(
                     f"hopbus.join(): {name} must be a folder's path, not {type(value).__name__}"
-                )
-        elif name == "timeout":
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise UserError(
-                    f"hopbus.join(): timeout must be seconds, not {type(value).__name__}"
                 )
         elif not isinstance(value, str):
             raise UserError(f"hopbus.join(): {name} must be a string, not {type(value).__name__}")
@@ -158,8 +154,8 @@ def join(
 
     _show_user_errors()
     _check_join_args(
-        run=run, redis=redis, id=id, bind=bind, advertise=advertise, timeout=timeout,
-        curve=curve, device=device, tensorboard=tensorboard,
+        run=run, redis=redis, id=id, bind=bind, advertise=advertise, curve=curve,
+        device=device, tensorboard=tensorboard,
     )  # fmt: skip
     run = run if run is not None else os.environ.get(env.RUN)
     if not run:

@@ -143,14 +143,16 @@ class RunConfig(BaseModel):
     model: str = Field(
         "softmax",
         description="Model: logreg (binary), softmax or mlp (numpy); cnn or vgg11 (TensorFlow, "
-        "the tf extra; images: 8x8 digits, 28x28 or 32x32x3 CIFAR-10); or MODULE:FUNCTION, your "
-        "own function returning a compiled Keras model or a numpy model (docs/api.md).",
+        "the tf extra; images: 8x8 digits, 28x28 or 32x32x3 CIFAR-10); or MODULE:FUNCTION "
+        "(or path/to/file.py:FUNCTION), your own function returning a compiled Keras model or "
+        "a numpy model (docs/api.md).",
     )
     data: str = Field(
         "digits",
         description="Training data: digits | synthetic[:SAMPLES[,FEATURES[,CLASSES]]] | "
-        "svmlight:PATH[,TEST_PATH] | cifar10:DIR | cifar10 with --data-dir DIR | MODULE:FUNCTION, "
-        "your own function returning (x_train, y_train, x_test, y_test).",
+        "svmlight:PATH[,TEST_PATH] | cifar10:DIR | cifar10 with --data-dir DIR | MODULE:FUNCTION "
+        "(or path/to/file.py:FUNCTION), your own function returning (x_train, y_train, x_test, "
+        "y_test).",
     )
     data_dir: str | None = Field(
         None,

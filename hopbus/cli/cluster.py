@@ -320,7 +320,7 @@ _TRAIN_PARAMS = inspect.signature(train_cmd, eval_str=True)
 create_cmd.__signature__ = _TRAIN_PARAMS.replace(  # type: ignore[attr-defined]
     parameters=[
         *(
-            p
+            p.replace(annotation=o.CreateModel) if p.name == "model" else p
             for p in _TRAIN_PARAMS.parameters.values()
             if p.name not in ("out", "as_json", "resume")
         ),

@@ -151,7 +151,7 @@ Slowdown = Annotated[
             "plus the message's bytes at 1 Gbit/s), machines:4,4@20/125MB (workers 0-3 on one "
             "machine, 4-7 on another; a message between machines waits 20 ms, plus its bytes "
             "at 125 MB/s, for each message the busier of the two machines' links carries in "
-            "an iteration; with ps-* the server on a third). "
+            "an iteration; in hopbus train's ps-* modes the server on a third). "
             "Bandwidths: bit, kbit, Mbit, Gbit (or bps .. Gbps), B, kB, MB, GB per second."
         ),
     ),
@@ -202,13 +202,14 @@ TrainWorkers = Annotated[
         rich_help_panel=PANEL_RUN,
     ),
 ]
-Model = Annotated[
+Model = Annotated[str | None, _opt("model", panel=PANEL_TRAIN)]
+CreateModel = Annotated[
     str | None,
     _opt(
         "model",
         panel=PANEL_TRAIN,
-        extra="Or script (hopbus create only): a run whose workers are your own script, each "
-        "started with hopbus worker --run R -- COMMAND (hopbus launch records its runs so).",
+        extra="Or script: a run whose workers are your own script, each started with hopbus "
+        "worker --run R -- COMMAND (hopbus launch records its runs so).",
     ),
 ]
 Data = Annotated[str | None, _opt("data", panel=PANEL_TRAIN)]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hopbus.errors import ConfigError
+from hopbus.models.extras import install_hint
 
 
 class RunPlan(NamedTuple):
@@ -158,7 +159,7 @@ def _topology(quick: bool) -> list[RunPlan]:
     ]
 
 
-TORCH = ("torch", "pip install -e '.[bench]'")
+TORCH = ("torch", install_hint("bench"))
 
 
 def _vs_allreduce(quick: bool) -> list[RunPlan]:

@@ -9,9 +9,16 @@ from types import ModuleType
 
 from hopbus.errors import ConfigError
 
+TORCH_CPU = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+"""PyTorch's CPU build: what the bench extra's torch should be unless a GPU is meant (PyPI's
+torch pulls gigabytes of CUDA libraries)."""
+
 
 def install_hint(extra: str) -> str:
-    """The command that installs ``extra``: ``pip install -e '.[tf]'``."""
+    """The command that installs ``extra``: ``pip install -e '.[tf]'``; for ``bench``, the
+    CPU build of PyTorch first."""
+    if extra == "bench":
+        return f"{TORCH_CPU}, then pip install -e '.[bench]'"
     return f"pip install -e '.[{extra}]'"
 
 

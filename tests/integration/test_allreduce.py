@@ -197,6 +197,7 @@ def test_without_torch_train_refuses_in_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
     assert "--mode allreduce needs PyTorch" in lines[0] and ".[bench]" in lines[0]
+    assert "download.pytorch.org/whl/cpu" in lines[0]  # not GBs of CUDA from PyPI
     assert "Traceback" not in p.stderr
     assert not out.exists()
 

@@ -68,7 +68,6 @@ def test_a_figure_beyond_any_float_is_one_line():
         ({"run": "r", "id": "0"}, "id must be a whole number, not str"),
         ({"run": "r", "id": 1.7}, "id must be a whole number, not float"),
         ({"run": "r", "id": True}, "id must be a whole number, not bool"),
-        ({"run": "r", "timeout": "5"}, "timeout must be seconds, not str"),
         ({"run": "r", "tensorboard": 3}, "tensorboard must be a folder's path, not int"),
     ],
 )
