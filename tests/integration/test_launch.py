@@ -268,16 +268,22 @@ def test_reduce_beside_compute_gives_the_same_protocol(redis_url, tmp_path, scri
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
 
 
+def on_worker_1(redis_url: str, tmp_path: Path, script: Path, fault: str):
+    """The loop as 2 workers of 20 iterations, ``fault`` on worker 1: the launcher's process,
+    the summary, and worker 1's log."""
+    p, s, _ = launch(
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
+        command=[sys.executable, str(script), fault, "1"],
+    )  # fmt: skip
+    return p, s, (tmp_path / "run" / "logs" / "worker-1.log").read_text()
+
+
 def test_a_step_whose_end_was_interrupted_cannot_go_on(redis_url, tmp_path, script):
     """Fault ``end_interrupted``: the script catches a KeyboardInterrupt from the middle of
     end() and goes on. The protocol is past Recv and Reduce: the next begin() is one line
     (it sent None as Compute's result into a pending Recv: a TypeError from worker_loop)."""
-    p, _, _ = launch(
-        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
-        command=[sys.executable, str(script), "end_interrupted", "1"],
-    )  # fmt: skip
+    p, _, log = on_worker_1(redis_url, tmp_path, script, "end_interrupted")
     assert p.returncode == 1, p.stderr
-    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
     assert "caught" in log and "Traceback" not in log, log
     assert "the step of iteration 5 did not end: its end() was interrupted" in log, log
 
@@ -285,13 +291,9 @@ def test_a_step_whose_end_was_interrupted_cannot_go_on(redis_url, tmp_path, scri
 def test_a_second_finish_is_said_and_the_first_report_stands(redis_url, tmp_path, script):
     """Fault ``finishes_twice``: a script that reports twice (a callback's report, then its
     own) failed a run whose every iteration was done ("finish() was already called")."""
-    p, s, _ = launch(
-        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
-        command=[sys.executable, str(script), "finishes_twice", "1"],
-    )  # fmt: skip
+    p, s, log = on_worker_1(redis_url, tmp_path, script, "finishes_twice")
     assert p.returncode == 0, p.stderr
     assert s["finished"] and all(w["final_accuracy"] == 0.5 for w in s["per_worker"]), s
-    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
     assert "finish() was already called: the run has this worker's report" in log, log
     assert "again 0.5" in log, log
 
@@ -303,12 +305,8 @@ def test_a_worker_leaving_mid_step_stops_its_waiting_thread_before_the_sockets_c
     waits in Recv for worker 0's late update (as a step that raises leaves a with block).
     The thread is told to leave and is gone before the sockets it polls close (ZeroMQ
     sockets are not thread-safe: it met them closed under it, ZMQError)."""
-    p, _, _ = launch(
-        redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
-        command=[sys.executable, str(script), "leaves_mid_step", "1"],
-    )  # fmt: skip
+    p, _, log = on_worker_1(redis_url, tmp_path, script, "leaves_mid_step")
     assert p.returncode == 1, p.stderr
-    log = (tmp_path / "run" / "logs" / "worker-1.log").read_text()
     assert "waiting ['hop-reduce']" in log and "after close [] Leaving" in log, log
     assert "Traceback" not in log, log
 
