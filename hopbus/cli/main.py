@@ -9,6 +9,7 @@ disk, a closed pipe) and Ctrl-C end with one line too. Tracebacks are for bugs o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import warnings
@@ -103,11 +104,25 @@ def _silence_stdout() -> None:
         pass
 
 
+LINE_CHARS = 2000
+"""An error line quotes a bad value at most this long (a config's 20 MB string made a 20 MB
+line): one line a terminal shows whole."""
+
+OUTPUT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EPIPE}
+)
+"""What only a write meets: the output failing. Any other OSError that reaches main names a
+path the user gave that the system refused (a name too long, a folder it may not enter)."""
+
+
 def _fail(message: str, code: int) -> None:
     from hopbus.coord.client import scrub
 
+    message = scrub(message)
+    if len(message) > LINE_CHARS:
+        message = f"{message[:LINE_CHARS]}... ({len(message) - LINE_CHARS} more characters)"
     with contextlib.suppress(OSError):
-        print(f"hopbus: error: {scrub(message)}", file=sys.stderr)
+        print(f"hopbus: error: {message}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -131,10 +146,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except BrokenPipeError:
         _silence_stdout()  # the reader went away (e.g. `| head`): nothing left to say
         sys.exit(1)
-    except OSError as exc:  # every file hopbus reads is checked first: this is output failing
+    except OSError as exc:
         _silence_stdout()
         where = f" ({exc.filename})" if exc.filename else ""
-        _fail(f"cannot write output{where}: {exc.strerror or exc}", 1)
+        if exc.errno in OUTPUT_ERRNOS or not exc.filename:
+            _fail(f"cannot write output{where}: {exc.strerror or exc}", 1)
+        _fail(f"cannot use {exc.filename}: {exc.strerror or exc}", 2)
     except Exception as exc:
         if not _usage_error(exc):
             raise

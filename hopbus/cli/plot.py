@@ -17,6 +17,7 @@ from rich.console import Console
 from hopbus.cli.commands import app
 from hopbus.errors import ConfigError
 from hopbus.experiments.runner import RESULTS
+from hopbus.userfiles import read_text
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -24,11 +25,9 @@ DEFAULT_NAME = "plot.png"
 
 
 def _read_json(path: Path) -> Any:
-    """The JSON in ``path``; a file that cannot be read or parsed is bad input."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    """The JSON in ``path``; a file that cannot be read or parsed is bad input (a FIFO, a
+    device such as /dev/zero: not read at all)."""
+    text = read_text(path, path.name, ConfigError)
     try:
         return json.loads(text)
     except RecursionError:  # arrays nested deeper than any summary's
@@ -41,7 +40,11 @@ def _read_json(path: Path) -> Any:
 def _summary(path: Path) -> dict[str, Any]:
     """A run's summary.json: {} when the run has none (killed before its end wrote one, or
     still going), bad input when it is there but does not parse."""
-    if not path.exists():
+    try:
+        there = path.exists() or path.is_symlink()  # a dangling link is there, and bad
+    except OSError as exc:  # a name too long, a folder it may not enter
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not there:
         return {}
     obj = _read_json(path)
     if not isinstance(obj, dict):

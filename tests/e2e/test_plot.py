@@ -139,6 +139,11 @@ def test_help_says_what_the_panels_show():
         ("metrics-of-zeros", "metrics.jsonl': is not a regular file"),
         ("metrics-fifo", "metrics.jsonl': is not a regular file"),
         ("metrics-folder", "metrics.jsonl': is a directory"),
+        # faults ``summary_of_zeros`` (read whole: the machine ran out of memory) and
+        # ``summary_fifo`` (read forever)
+        ("summary-of-zeros", "summary.json': is not a regular file"),
+        ("summary-fifo", "summary.json': is not a regular file"),
+        ("name-too-long", "File name too long"),  # was "cannot write output", status 1
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -160,16 +165,18 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
         }.get(case, [])
-    elif case.startswith("metrics-"):  # faults ``endless_metrics``, ``metrics_fifo``
+    elif case.startswith(("metrics-", "summary-")):  # ``endless_metrics``, ``metrics_fifo``
         _copy(run_folder, path)
-        metrics = path / "metrics.jsonl"
-        metrics.unlink()
-        if case == "metrics-of-zeros":
-            metrics.symlink_to("/dev/zero")
-        elif case == "metrics-fifo":
-            os.mkfifo(metrics)
+        bad = path / ("metrics.jsonl" if case.startswith("metrics-") else "summary.json")
+        bad.unlink()
+        if case.endswith("-of-zeros"):
+            bad.symlink_to("/dev/zero")
+        elif case.endswith("-fifo"):
+            os.mkfifo(bad)
         else:
-            metrics.mkdir()
+            bad.mkdir()
+    elif case == "name-too-long":
+        path = tmp_path / ("A" * 300)
     elif case == "a-file":
         _copy(run_folder, tmp_path / "r")
         path = tmp_path / "r" / "summary.json"
@@ -184,4 +191,5 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
     assert needle in line, line
     if case == "unknown-group":
         assert line.endswith("its groups: g1, g2")
-    assert not (path / "plot.png").exists()
+    if case != "name-too-long":  # where no file can be
+        assert not (path / "plot.png").exists()

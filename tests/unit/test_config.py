@@ -191,3 +191,18 @@ def test_a_setting_spelled_both_ways_in_a_file_is_refused(tmp_path):
     path.write_text("max-ig = 3\nmax_ig = 4\n")  # each spelling as the file writes it
     with pytest.raises(ConfigError, match=r"set twice \(as 'max-ig' and 'max_ig'\)"):
         load_toml(path)
+
+
+def test_a_config_file_built_to_exhaust_the_parser_is_one_line(tmp_path):
+    """Faults ``dotted_key_bomb`` (50,000 dotted parts in a 100 kB file took tomllib past
+    6 GB, quadratic in the parts) and ``long_integer`` (5,000 digits: a ValueError traceback
+    from Python's integer conversion limit)."""
+    path = tmp_path / "cfg.toml"
+    path.write_text("workers = 4\n" + ".".join(["k"] * 50_000) + " = 1\n")
+    with pytest.raises(ConfigError, match=r"line 2: a key of more than 16 dotted parts"):
+        load_toml(path)
+    path.write_text("workers = " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="a number of thousands of digits"):
+        load_toml(path)
+    path.write_text("[a.b]\nc.d = 1\n")  # a few dotted parts: parsed, and refused as settings
+    assert load_toml(path) == {"a": {"b": {"c": {"d": 1}}}}
