@@ -138,6 +138,11 @@ def _output(out: Path | None, path: Path) -> Path:
         raise ConfigError(f"--out {str(out)!r} is a folder; give a file name (e.g. plot.png)")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if out.is_symlink() or (out.exists() and not out.is_file()):  # a folder's plot.png linked
+        raise ConfigError(  # to a file elsewhere was written through, whatever it was
+            f"{str(out)!r} is a link or not a regular file: the plot replaces it; move it away "
+            "or give --out another file"
+        )
     return out
 
 

@@ -21,6 +21,7 @@ import heapq
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,40 +49,58 @@ def read_metrics(path: Path, workers: int | None = None) -> list[dict[str, Any]]
     hold anything else (an edited file: a worker 10**9 would have every per-worker table sized
     by it) are passed over; a missing file gives nothing. Only a regular file is read (not
     a directory, /dev/zero or a FIFO that would block), line by line, a line at most
-    ``MAX_LINE`` characters (one without an end in sight is passed over)."""
+    ``MAX_LINE`` characters (one without an end in sight is passed over). The lines passed
+    over are counted, and said in a warning; one that cannot be opened is bad input."""
     why = not_regular(path)
-    if why is not None and why != "no such file":
+    if why == "no such file":
+        return []
+    if why is not None:
         raise ConfigError(f"cannot read {str(path)!r}: {why}")
     try:
         fh = path.open(errors="replace")
-    except OSError:
-        return []
+    except OSError as exc:  # it was read as empty: a plot that said 'no data'
+        raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     bound = workers if isinstance(workers, int) and workers > 0 else MAX_WORKERS
     with fh:
-        return _entries(fh, bound)
+        entries, skipped = _entries(fh, bound)
+    if skipped:
+        warnings.warn(
+            f"{path}: {skipped} line{'s' * (skipped != 1)} passed over (cut short, or not an "
+            "entry a run of this size writes)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return entries
 
 
 MAX_LINE = 1 << 20
 """Characters of a metrics.jsonl line that are read (an entry is a few hundred)."""
 
 
-def _entries(fh: Any, bound: int) -> list[dict[str, Any]]:
+def _entries(fh: Any, bound: int) -> tuple[list[dict[str, Any]], int]:
+    """The entries, and how many lines were passed over."""
     entries = []
+    skipped = 0
     whole = True  # the line read last ended: the next read starts a line
     for line in iter(lambda: fh.readline(MAX_LINE), ""):
         starts, whole = whole, line.endswith("\n")
         if not (starts and whole):
-            continue  # part of a line too long to be an entry
+            skipped += starts  # part of a line too long to be an entry: counted once
+            continue
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):
+            skipped += 1
             continue
         if not isinstance(rec, dict):
+            skipped += 1
             continue
         w, it, t = rec.get("worker"), rec.get("iter"), rec.get("t", 0.0)
         if _index(w) and w < bound and _index(it) and run_seconds(t) is not None:
             entries.append(rec)
-    return entries
+        else:
+            skipped += 1
+    return entries, skipped
 
 
 def _number(x: Any) -> bool:

@@ -215,6 +215,11 @@ DEFLATE_RATIO = 1100
 no zip hopbus or numpy wrote."""
 
 
+MAX_UNPACKED = 1 << 30
+"""What one checkpoint file may unpack to, all its arrays together: many times the largest a
+hopbus model writes (vgg11's parameters and momentum: some 74 MB, its data order 0.4 MB). A
+2.3 MB file whose order unpacked to 2.4 GB passed the ratio check and exhausted memory."""
+
 _NPY_HEADERS = {  # the two npy versions numpy.savez writes
     (1, 0): np.lib.format.read_array_header_1_0,
     (2, 0): np.lib.format.read_array_header_2_0,
@@ -224,7 +229,10 @@ _NPY_HEADERS = {  # the two npy versions numpy.savez writes
 def _check_sizes(z: zipfile.ZipFile) -> None:
     """Every array of the file holds the bytes its header declares, before any is read: numpy
     allocates what the header says first, so a header that declares 10**12 elements (in a
-    64-byte member) would ask for terabytes. Raises ValueError for one that does not."""
+    64-byte member) would ask for terabytes. Raises ValueError for one that does not, and
+    for a file that unpacks to more than ``MAX_UNPACKED``."""
+    if sum(info.file_size for info in z.infolist()) > MAX_UNPACKED:
+        raise ValueError(f"it unpacks to more than {MAX_UNPACKED >> 20} MiB")
     for info in z.infolist():
         if info.file_size > max(info.compress_size, 1) * DEFLATE_RATIO:
             raise ValueError(f"{info.filename}: declares more than it can unpack to")

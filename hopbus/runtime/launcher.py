@@ -2019,18 +2019,28 @@ def _check_writable(folder: Path, target: str) -> None:
     """Before anything runs: can the resumed run write its results where they go, and only
     there? Found at the end, a run would train to the last iteration and then lose its
     summary; a link or a special file (a FIFO) in their place would be written through or
-    hang the resume."""
+    hang the resume. The checkpoint and TensorBoard folders too: a run resumed through a
+    linked checkpoints/ took another run's checkpoints, pruned them and wrote its own there."""
     logs = folder / "logs"
     files = [folder / n for n in ("summary.json", "metrics.jsonl", "config.toml")]
-    if logs.is_dir() and not logs.is_symlink():
-        files += sorted(logs.glob("*.log"))
-    for path in [*files, logs]:
-        wanted = "a folder" if path == logs else "a regular file"
-        kind_ok = path.is_dir() if path == logs else path.is_file()
+    dirs = [logs, folder / CHECKPOINTS, folder / TENSORBOARD]
+    for d in dirs[:]:
+        if d.is_dir() and not d.is_symlink():  # and what the run writes inside them
+            if d == logs:
+                files += sorted(logs.glob("*.log"))
+            else:
+                dirs += sorted(d.glob("worker-*"))
+    for path in [*files, *dirs]:
+        wanted = "a folder" if path in dirs else "a regular file"
+        kind_ok = path.is_dir() if path in dirs else path.is_file()
         if path.is_symlink() or (os.path.lexists(path) and not kind_ok):
             raise ConfigError(
                 f"--resume {target!r}: {path} is not {wanted} (a link, or another kind of "
                 "file): the run writes its results there; move it away"
+            )
+        if os.path.lexists(path) and not os.access(path, os.W_OK):
+            raise ConfigError(
+                f"--resume {target!r}: {path} is not writable: the run writes its results there"
             )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(

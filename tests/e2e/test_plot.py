@@ -144,6 +144,7 @@ def test_help_says_what_the_panels_show():
         ("summary-of-zeros", "summary.json': is not a regular file"),
         ("summary-fifo", "summary.json': is not a regular file"),
         ("name-too-long", "File name too long"),  # was "cannot write output", status 1
+        ("linked-plot", "plot.png' is a link or not a regular file"),  # written through
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -177,6 +178,10 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
             bad.mkdir()
     elif case == "name-too-long":
         path = tmp_path / ("A" * 300)
+    elif case == "linked-plot":
+        _copy(run_folder, path)
+        (tmp_path / "victim.txt").write_text("not a plot")
+        (path / "plot.png").symlink_to(tmp_path / "victim.txt")
     elif case == "a-file":
         _copy(run_folder, tmp_path / "r")
         path = tmp_path / "r" / "summary.json"
@@ -191,5 +196,7 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
     assert needle in line, line
     if case == "unknown-group":
         assert line.endswith("its groups: g1, g2")
-    if case != "name-too-long":  # where no file can be
+    if case == "linked-plot":
+        assert (tmp_path / "victim.txt").read_text() == "not a plot"
+    elif case != "name-too-long":  # where no file can be
         assert not (path / "plot.png").exists()

@@ -79,6 +79,16 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     (out / "metrics.jsonl").unlink()
     (tmp_path / "metrics.jsonl").rename(out / "metrics.jsonl")
     assert _complete_lines(out / "metrics.jsonl") == before
+    # fault ``linked_checkpoints``: a worker's checkpoint folder linked to another run's. The
+    # resume took that run's checkpoints, pruned them and wrote its own beside them
+    other = tmp_path / "other-run-worker-0"
+    worker_0 = folder / "worker-0"
+    worker_0.rename(other)
+    worker_0.symlink_to(other)
+    p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
+    assert p.returncode == 2 and "worker-0 is not a folder (a link" in p.stderr, p.stderr
+    worker_0.unlink()
+    other.rename(worker_0)
 
     # fault ``two_resumes``: a copy of the folder resumed into the same Redis while the first
     # resume's workers load. It deleted the first's keys, and both failed; now the first

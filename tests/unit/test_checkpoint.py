@@ -327,3 +327,28 @@ def test_an_array_that_declares_more_than_it_holds_is_refused_before_it_is_read(
     assert ck.newest_complete(tmp_path, 2) == 10
     with pytest.raises(CheckpointError, match="unreadable"):
         ck.load(tmp_path, 0, 20)
+
+
+def test_a_file_that_unpacks_to_more_than_any_checkpoint_is_refused_before_it_is_read(
+    tmp_path, monkeypatch
+):
+    """Fault ``order_bomb``: a 2.3 MB file whose data order (zeros, deflated 1000:1) unpacked
+    to 2.4 GB passed the ratio check, and sorting it ran out of memory (a traceback). A file
+    that unpacks to more than MAX_UNPACKED is skipped and refused without reading it (the cap
+    lowered here so that the test writes kilobytes)."""
+    monkeypatch.setattr(ck, "MAX_UNPACKED", 1 << 20)
+    save_all(tmp_path, range(2), 10)
+    save_all(tmp_path, range(2), 20)
+    path = ck.path_of(tmp_path, 0, 20)
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(200_000, np.int64))  # 1.6 MB of zeros
+    members["data/order.npy"] = buf.getvalue()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    assert not ck.readable(tmp_path, 0, 20)
+    assert ck.newest_complete(tmp_path, 2) == 10
+    with pytest.raises(CheckpointError, match="unreadable"):
+        ck.load(tmp_path, 0, 20)
