@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from hopbus.cli.commands import app
+from hopbus.coord.read import text
 from hopbus.errors import ConfigError
 from hopbus.experiments.runner import RESULTS
 from hopbus.userfiles import read_text
@@ -67,6 +68,9 @@ def _experiment_runs(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
     if not runs:
         raise ConfigError(f"{path / RESULTS} lists no runs: nothing to plot")
+    for r in runs:  # names drawn and printed: control characters reached the terminal raw
+        for k in ("group", "label"):
+            r[k] = text(r[k], 200)
     return results, runs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,14 @@ def load_cifar10(folder: str, keep: Keep = None) -> Dataset:
     train_paths = [root / name for name in TRAIN_FILES if (root / name).is_file()]
     if not train_paths:
         raise DataError(f"CIFAR-10 folder {folder!r} has none of data_batch_1..data_batch_5")
+    if len(train_paths) < len(TRAIN_FILES):  # a subset is fine (a quick run), but said
+        left = [n for n in TRAIN_FILES if root / n not in train_paths]
+        warnings.warn(
+            f"CIFAR-10 folder {folder!r}: training on {len(train_paths)} of the 5 batches "
+            f"({', '.join(left)}: missing, or not a regular file)",
+            UserWarning,
+            stacklevel=2,
+        )
     if not (root / TEST_FILE).is_file():
         raise DataError(f"CIFAR-10 folder {folder!r} has no {TEST_FILE}")
     parts = [_load_batch(p) for p in train_paths]
