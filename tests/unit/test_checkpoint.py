@@ -240,24 +240,30 @@ def test_a_set_whose_position_cannot_be_resumed_is_passed_over_for_an_older_one(
     assert "malformed minibatch position" in skipped[0]
 
 
-def test_a_meta_nested_too_deep_is_unreadable_not_a_traceback(tmp_path):
-    """Fault ``deep_meta``: a checkpoint whose meta is JSON nested 200,000 deep (json.loads
-    recurses): skipped by the set search and refused by load with one line."""
+def _tampered(tmp_path, member: str, data: bytes, compression: int = zipfile.ZIP_STORED) -> None:
+    """Sets of iterations 10 and 20, worker 0's file of 20 with ``member`` replaced by
+    ``data``; then: that set is passed over for 10, and loading the file is one line."""
     save_all(tmp_path, range(2), 10)
     save_all(tmp_path, range(2), 20)
     path = ck.path_of(tmp_path, 0, 20)
     with zipfile.ZipFile(path) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
-    buf = io.BytesIO()
-    np.save(buf, np.array("[" * 200_000))
-    members["meta.npy"] = buf.getvalue()
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
+    members[member] = data
+    with zipfile.ZipFile(path, "w", compression) as zf:
+        for name, content in members.items():
+            zf.writestr(name, content)
     assert not ck.readable(tmp_path, 0, 20)
     assert ck.newest_complete(tmp_path, 2) == 10
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match="unreadable"):
         ck.load(tmp_path, 0, 20)
+
+
+def test_a_meta_nested_too_deep_is_unreadable_not_a_traceback(tmp_path):
+    """Fault ``deep_meta``: a checkpoint whose meta is JSON nested 200,000 deep (json.loads
+    recurses): skipped by the set search and refused by load with one line."""
+    buf = io.BytesIO()
+    np.save(buf, np.array("[" * 200_000))
+    _tampered(tmp_path, "meta.npy", buf.getvalue())
 
 
 def test_a_set_whose_files_name_different_runs_is_not_resumed(tmp_path):
@@ -310,23 +316,11 @@ def test_an_array_that_declares_more_than_it_holds_is_refused_before_it_is_read(
     """Fault ``bomb_header``: a parameter whose npy header declares 10**12 elements over 64
     bytes (numpy allocates what the header says first: 7 TiB, a MemoryError traceback).
     Skipped by the set search and refused by load with one line, without allocating it."""
-    save_all(tmp_path, range(2), 10)
-    save_all(tmp_path, range(2), 20)
-    path = ck.path_of(tmp_path, 0, 20)
-    with zipfile.ZipFile(path) as zf:
-        members = {n: zf.read(n) for n in zf.namelist()}
     head = np.lib.format.header_data_from_array_1_0(np.zeros(3, np.float32))
     head["shape"] = (10**12,)
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, head)
-    members["param/w.npy"] = buf.getvalue() + bytes(64)
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    assert not ck.readable(tmp_path, 0, 20)
-    assert ck.newest_complete(tmp_path, 2) == 10
-    with pytest.raises(CheckpointError, match="unreadable"):
-        ck.load(tmp_path, 0, 20)
+    _tampered(tmp_path, "param/w.npy", buf.getvalue() + bytes(64))
 
 
 def test_a_file_that_unpacks_to_more_than_any_checkpoint_is_refused_before_it_is_read(
@@ -337,18 +331,6 @@ def test_a_file_that_unpacks_to_more_than_any_checkpoint_is_refused_before_it_is
     that unpacks to more than MAX_UNPACKED is skipped and refused without reading it (the cap
     lowered here so that the test writes kilobytes)."""
     monkeypatch.setattr(ck, "MAX_UNPACKED", 1 << 20)
-    save_all(tmp_path, range(2), 10)
-    save_all(tmp_path, range(2), 20)
-    path = ck.path_of(tmp_path, 0, 20)
-    with zipfile.ZipFile(path) as zf:
-        members = {n: zf.read(n) for n in zf.namelist()}
     buf = io.BytesIO()
     np.save(buf, np.zeros(200_000, np.int64))  # 1.6 MB of zeros
-    members["data/order.npy"] = buf.getvalue()
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    assert not ck.readable(tmp_path, 0, 20)
-    assert ck.newest_complete(tmp_path, 2) == 10
-    with pytest.raises(CheckpointError, match="unreadable"):
-        ck.load(tmp_path, 0, 20)
+    _tampered(tmp_path, "data/order.npy", buf.getvalue(), zipfile.ZIP_DEFLATED)
