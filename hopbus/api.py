@@ -94,7 +94,8 @@ def _env_number(name: str, kind: type, value: Any) -> Any:
             raise ValueError(text)
         return kind(text)
     except ValueError:
-        raise UserError(f"{name}={text!r:.80} is not a number") from None
+        whole = " whole" if kind is int else ""
+        raise UserError(f"{name}={text!r:.80} is not a{whole} number") from None
 
 
 def _check_join_args(**given: Any) -> None:

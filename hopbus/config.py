@@ -373,18 +373,25 @@ def check_shadowed(
             raise ConfigError(f"{file}: {key}: {exc} {fix}") from None
 
 
+_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*'""")
+_KEY_LINE = re.compile(
+    rf"""\s*\[{{0,2}}\s*((?:{_KEY_PART.pattern})(?:\s*\.\s*(?:{_KEY_PART.pattern}))*)\s*(?:=|\])"""
+)
+"""A line that starts with a key (``a.b = 1``) or a table's header (``[a.b]``): group 1 the
+key, whose parts ``_KEY_PART`` finds."""
 MAX_KEY_PARTS = 16
 """A config key of more dotted parts than this is refused before parsing: 50,000 of them (a 100 kB
 file) took tomllib past 6 GB. Settings are plain keys; a line of a multi-line string that
-looks like such a key is refused too (no setting holds one)."""
+begins like such a key is refused too (no setting holds one)."""
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file, keys as field names (``max_ig``) or flag names (``max-ig``)."""
     text = read_text(path, "config file", ConfigError)
     for number, line in enumerate(text.splitlines(), 1):
-        key = line.strip().lstrip("[").partition("=")[0].partition("]")[0]
-        if key.count(".") + 1 > MAX_KEY_PARTS:  # tomllib's memory grows with its square
+        key = _KEY_LINE.match(line)  # not a comment, nor a value's line
+        if key is not None and len(_KEY_PART.findall(key[1])) > MAX_KEY_PARTS:  # tomllib's
+            # memory grows with the square of a key's parts
             raise ConfigError(
                 f"config file {str(path)!r}, line {number}: a key of more than {MAX_KEY_PARTS} "
                 "dotted parts; settings are plain keys (max_ig = 10)"

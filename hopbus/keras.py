@@ -229,7 +229,10 @@ class HopCallback(keras.callbacks.Callback):
         if self.finish and not ctx.session.finished:
             why = None
             if ctx.session.last_eval == (None, None):
-                why = "fit had no validation data"
+                why = (
+                    "fit ran no validation (no validation data, or a validation_freq beyond "
+                    "its epochs)"
+                )
             elif not self._validated:
                 why = "fit's last validation came before the run's last iteration (validation_freq)"
             if why is None:

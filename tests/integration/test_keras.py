@@ -248,7 +248,8 @@ def test_what_fit_leaves_unsaid_is_said(redis_url, tmp_path):
     p = short_fit(redis_url, tmp_path, "noval")
     assert p.returncode == 0, p.stderr
     log = (tmp_path / "noval" / "logs" / "worker-0.log").read_text()
-    assert "fit had no validation data: report the final test loss and accuracy with" in log
+    assert "fit ran no validation (no validation data, or a validation_freq beyond its " in log
+    assert "epochs): report the final test loss and accuracy with ctx.finish(" in log
     s = json.loads((tmp_path / "noval" / "summary.json").read_text())
     assert s["finished"] and all(w["final_accuracy"] == 0.5 for w in s["per_worker"]), s
     p = short_fit(redis_url, tmp_path, "valfreq")

@@ -86,7 +86,7 @@ def test_a_number_from_the_environment_is_ascii_digits(monkeypatch, text):
     from hopbus.api import _env_number
 
     monkeypatch.setenv("HOPBUS_ID", text)
-    with pytest.raises(UserError, match=r"HOPBUS_ID=.* is not a number"):
+    with pytest.raises(UserError, match=r"HOPBUS_ID=.* is not a whole number"):
         _env_number("HOPBUS_ID", int, None)
     monkeypatch.setenv("HOPBUS_ID", "12")
     assert _env_number("HOPBUS_ID", int, None) == 12

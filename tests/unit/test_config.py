@@ -206,3 +206,10 @@ def test_a_config_file_built_to_exhaust_the_parser_is_one_line(tmp_path):
         load_toml(path)
     path.write_text("[a.b]\nc.d = 1\n")  # a few dotted parts: parsed, and refused as settings
     assert load_toml(path) == {"a": {"b": {"c": {"d": 1}}}}
+    # what is no key is not counted: a comment, a value's lines (it refused both at first)
+    dots = ", ".join(f"0.{i}" for i in range(20))
+    path.write_text(f"# v1.2.3 on 10.0.0.1, {dots}\nmax_ig = 5\nx = [\n {dots},\n]\n")
+    assert load_toml(path)["max_ig"] == 5
+    path.write_text("[" + ".".join(["k"] * 17) + "]\n")  # a table's header is a key
+    with pytest.raises(ConfigError, match=r"line 1: a key of more than 16 dotted parts"):
+        load_toml(path)
