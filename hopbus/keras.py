@@ -56,6 +56,11 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def _path(variable: Any) -> str:
+    """A weight's name as Keras gives it: its path (``dense/kernel``), else its name."""
+    return str(getattr(variable, "path", None) or variable.name)
+
+
 def shared_weights(model: Any) -> tuple[list[Any], list[str]]:
     """The model's floating-point weights (trainable or not) and a unique name for each; one
     line for a float hopbus does not carry (bfloat16, float8: numpy knows no float of them)."""
@@ -70,14 +75,14 @@ def shared_weights(model: Any) -> tuple[list[Any], list[str]]:
             variables.append(v)
         elif "float" in dtype:
             raise RunFailure(
-                f"HopCallback: weight {str(getattr(v, 'path', None) or v.name)!r} is {dtype}, "
+                f"HopCallback: weight {_path(v)!r} is {dtype}, "
                 "which hopbus does not exchange (float16, float32, float64): keep the "
                 "variables float32 (a mixed_bfloat16 policy does, and computes in bfloat16)"
             )
     names: list[str] = []
     seen: dict[str, int] = {}
     for v in variables:
-        name = str(getattr(v, "path", None) or v.name)
+        name = _path(v)
         if name in seen:
             seen[name] += 1
             name = f"{name}#{seen[name]}"
@@ -228,7 +233,8 @@ class HopCallback(keras.callbacks.Callback):
         self._watch()
         if self.finish and not ctx.session.finished:
             why = None
-            if ctx.session.last_eval == (None, None):
+            unknown = ctx.session.last_eval == (None, None)
+            if unknown:
                 why = (
                     "fit ran no validation (no validation data, or a validation_freq beyond "
                     "its epochs)"
@@ -246,8 +252,7 @@ class HopCallback(keras.callbacks.Callback):
             print(
                 f"hopbus: worker {ctx.worker}: {why}: report the final test loss and "
                 "accuracy with ctx.finish(loss=..., accuracy=...) after model.evaluate(...), "
-                "or the run's are "
-                + ("unknown" if ctx.session.last_eval == (None, None) else "that validation's"),
+                "or the run's are " + ("unknown" if unknown else "that validation's"),
                 file=sys.stderr,
                 flush=True,
             )

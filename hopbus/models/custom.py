@@ -173,6 +173,10 @@ def _argv_as_alone(module_name: str) -> Iterator[None]:
         sys.argv = saved
 
 
+USER_MODULE = "hopbus_user_"
+"""The prefix of the module name a user's file is loaded under when its own name is taken."""
+
+
 def _import(module_name: str, flag: str, spec: str) -> Any:
     """The module (a name, or a path to a .py file, imported under its stem)."""
     if module_name.endswith(".py"):
@@ -180,14 +184,14 @@ def _import(module_name: str, flag: str, spec: str) -> Any:
         if not path.is_file():
             where = "" if path.is_absolute() else f" in {os.getcwd()} (each worker's own folder)"
             raise ConfigError(f"{flag} {spec!r}: no such file {module_name!r}{where}")
-        for name in (path.stem, f"hopbus_user_{path.stem}"):
+        for name in (path.stem, USER_MODULE + path.stem):
             loaded = sys.modules.get(name)
             if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == path.resolve():
                 return loaded  # --model and --data in one file: imported once
         sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work
         # under its stem, unless another module has that name (a json.py of the user's took
         # the place of the standard library's json, which hopbus uses): then a name of its own
-        name = path.stem if path.stem not in sys.modules else f"hopbus_user_{path.stem}"
+        name = path.stem if path.stem not in sys.modules else USER_MODULE + path.stem
         loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
         assert loader_spec is not None and loader_spec.loader is not None
         module = importlib.util.module_from_spec(loader_spec)

@@ -386,12 +386,16 @@ class Node:
         at Redis)."""
         self._check_flags()
 
+    def _stop_if_leaving(self) -> None:
+        """Leaving: this node closes (``leaving``), and a thread still waiting in it stops."""
+        if self.leaving:
+            raise Leaving(f"{self.who} is leaving")
+
     def _check_flags(self) -> None:
         """What the inbox and heartbeat threads found, without any I/O: cheap enough for every
         iteration, so that a worker that never waits still stops with the run within a
         heartbeat period."""
-        if self.leaving:
-            raise Leaving(f"{self.who} is leaving")
+        self._stop_if_leaving()
         if self.inbox is not None and self.inbox.error is not None:
             raise self.inbox.error
         hb = self.heartbeat
@@ -419,8 +423,7 @@ class Node:
         log(f"{self.who} lost Redis ({exc}); reconnecting for up to {self.timeout:g} s")
         last: BaseException = exc
         for _ in attempts(self.timeout):
-            if self.leaving:  # a thread still at work while the node closes (Session.close)
-                raise Leaving(f"{self.who} is leaving")
+            self._stop_if_leaving()  # a thread still at work as the node closes (Session.close)
             try:
                 self.r.ping()
                 log(f"{self.who} reached Redis again")

@@ -207,7 +207,6 @@ class Session:
         self.layout: Layout = ()
         self.iteration = 0  # the step begun last (or the iteration started in)
         self.done = False  # every iteration done: only finish() is left
-        self.finished = False
         self.report: dict[str, Any] | None = None  # the final report published
         self.loss: float | None = None
         self.pending: dict[str, float] = {}  # fields for the next progress entry
@@ -271,6 +270,11 @@ class Session:
         self.cpu0 = time.process_time()
         self.done = isinstance(self._next, Finish)
         return self.x
+
+    @property
+    def finished(self) -> bool:
+        """This worker's final report is published (finish())."""
+        return self.report is not None
 
     @property
     def awaiting_end(self) -> bool:
@@ -421,7 +425,6 @@ class Session:
             )  # fmt: skip
 
         result = n.with_redis(publish)
-        self.finished = True
         self.report = result
         if self.board is not None:
             self.board.add(
