@@ -552,7 +552,8 @@ def worker_cmd(
 
     Joins the run recorded in Redis (hopbus train or hopbus create), registers its inbox,
     trains every iteration with its neighbours, reports its final accuracy, and exits 0.
-    Without --id it takes the run's next free id; once all N have joined it exits 2.
+    Without --id it takes the run's next free id (after checking its own --curve, --bind and
+    COMMAND: an id is given once); once all N have joined it exits 2.
     --advertise auto advertises this host's own address (a container's IP). If Redis or a
     neighbour cannot be reached within --timeout it prints what it waited for and exits 1.
     With --rejoin --id I it replaces dead worker I of a backup or hybrid run that went on

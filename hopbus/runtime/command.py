@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import shlex
 import shutil
@@ -35,7 +36,7 @@ from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, RunKeys
 from hopbus.coord.runs import RunStateError, join_worker, said_why
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
-from hopbus.runtime.join import check_trainer
+from hopbus.runtime.join import check_trainer, ready_to_join
 from hopbus.runtime.last_words import cause, said
 from hopbus.runtime.node import place_taken, read_run_config, redis_failures, refused_place
 from hopbus.runtime.reaper import become_subreaper, command_line, descendants, stop_all
@@ -51,6 +52,24 @@ def shown_command(command: list[str]) -> str:
     interpreter path at its start, the script's name and arguments at its end)."""
     shown = shlex.join(command)
     return shown if len(shown) <= 80 else f"{shown[:30]}...{shown[-47:]}"
+
+
+def startable(command: list[str]) -> None:
+    """One line if ``command`` names no program this process can start (a typo, a folder, a
+    file that is not executable): before a worker id is taken for it, as a run's ids are given
+    once each. The start itself can still fail (the line Popen's error gives)."""
+    program = command[0]
+    if shutil.which(program) is not None:
+        return
+    if os.sep not in program:
+        why = "no such program on PATH"
+    elif os.path.isdir(program):
+        why = os.strerror(errno.EISDIR)
+    elif os.path.exists(program):
+        why = os.strerror(errno.EACCES)
+    else:
+        why = os.strerror(errno.ENOENT)
+    raise ConfigError(f"cannot start `{shown_command(command)}`: {why}")
 
 
 class ScriptFailed(RunFailure):
@@ -142,6 +161,8 @@ def run_command(
         if worker is not None and not 0 <= worker < topo.n:
             raise ConfigError(f"--id {worker}: run {run!r} has workers 0..{topo.n - 1}")
         if worker is None:
+            ready_to_join(cfg, run, settings.get("curve"), settings.get("bind"))
+            startable(command)
             worker = join_worker(client, keys, topo.n, redis_url)
         elif not settings.get("rejoin") and (why := taken(client, keys, worker)):
             # before the script starts: a stray's script would only be refused, or fail,

@@ -3,6 +3,7 @@ for a worker started without ``--id`` (a compose replica), which id it takes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hopbus.coord.client import connect
@@ -10,7 +11,7 @@ from hopbus.coord.keys import RunKeys
 from hopbus.coord.runs import join_worker
 from hopbus.errors import ConfigError, RejoinFailed
 from hopbus.modes import Family
-from hopbus.runtime.node import Node, read_run_config, redis_failures
+from hopbus.runtime.node import Node, check_bind, read_run_config, redis_failures, run_curve
 from hopbus.runtime.own_code import require_given
 
 
@@ -33,6 +34,16 @@ def check_trainer(cfg: Any, run: str, *, script: bool) -> None:
             f"run {run} trains a script's model (hopbus launch): start its workers with the "
             f"script, hopbus worker --run {run} -- COMMAND ARGS..."
         )
+
+
+def ready_to_join(cfg: Any, run: str, curve: Path | None, bind: str | None) -> None:
+    """What a process started without --id checks before it takes an id from the run's join
+    counter, each an id given once: its --curve against the run's, and that its --bind is
+    free (a second worker on one machine with the same port). One line each; nothing is
+    written into the run."""
+    run_curve(run, "worker", cfg.curve, curve)
+    if bind is not None and cfg.mode.family is not Family.ALLREDUCE:  # gloo binds its own
+        check_bind(bind)
 
 
 def worker_for(
@@ -66,6 +77,7 @@ def worker_for(
         if not script:  # a script builds its own model: it imports none the run names
             require_given(cfg, "worker" if worker is None else f"worker {worker}", run)
         if worker is None:
+            ready_to_join(cfg, run, kw.get("curve"), kw.get("bind"))
             worker = join_worker(client, keys, topo.n, redis_url)
     cls: type[Node] = {
         Family.HOP: Worker,

@@ -46,7 +46,7 @@ from hopbus.runtime.own_code import require_given
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator
-from hopbus.transport.inbox import link_hold
+from hopbus.transport.inbox import link_hold, probe_bind
 from hopbus.transport.outbox import COPY_BYTES
 
 LOOK_S = 0.5  # a waiting node checks its threads and its peers' heartbeats this often
@@ -151,6 +151,37 @@ def read_run_config(
     return cfg, topo
 
 
+def run_curve(run: str, who: str, required: bool, folder: Path | None) -> CurveKeys | None:
+    """The run's CURVE keys when it ``required`` them; one line when a process's --curve
+    (``folder``) and the run disagree (a process without keys cannot talk to the others, and
+    one with keys that the run does not ask for would be a mistake in the deployment)."""
+    if required and folder is None:
+        raise ConfigError(
+            f"run {run} requires CURVE on its data plane: give {who} the run's key folder with "
+            "--curve DIR or HOPBUS_CURVE"
+        )
+    if folder is not None and not required:
+        raise ConfigError(
+            f"--curve (HOPBUS_CURVE) given, but run {run} was created without --curve: its "
+            "other processes would not understand this one; drop --curve, or create the run "
+            "with it"
+        )
+    return None if folder is None else CurveKeys.load(folder)
+
+
+def bind_refused(bind: str, exc: TransportError) -> ConfigError:
+    return ConfigError(f"--bind {bind!r}: {exc}")
+
+
+def check_bind(bind: str) -> None:
+    """One line if this host cannot bind ``bind`` now, the one a node's inbox would fail with:
+    for a process to look at before it takes a worker id from the run."""
+    try:
+        probe_bind(bind)
+    except TransportError as exc:
+        raise bind_refused(bind, exc) from None
+
+
 class Node:
     """Node ``node`` of run ``run``. ``run_loop`` drives it from join to finish."""
 
@@ -244,23 +275,7 @@ class Node:
             )
 
     def _load_curve(self) -> None:
-        """The run's CURVE keys when it requires them; one line when this node's --curve and
-        the run disagree (a node without keys cannot talk to the others, and one with keys
-        that the run does not ask for would be a mistake in the deployment)."""
-        run = self.keys.run
-        if self.cfg.curve and self._curve_dir is None:
-            raise ConfigError(
-                f"run {run} requires CURVE on its data plane: give {self.who} the run's key "
-                "folder with --curve DIR or HOPBUS_CURVE"
-            )
-        if self._curve_dir is not None and not self.cfg.curve:
-            raise ConfigError(
-                f"--curve (HOPBUS_CURVE) given, but run {run} was created without --curve: its "
-                "other processes would not understand this one; drop --curve, or create the "
-                "run with it"
-            )
-        if self._curve_dir is not None:
-            self.curve_keys = CurveKeys.load(self._curve_dir)
+        self.curve_keys = run_curve(self.keys.run, self.who, self.cfg.curve, self._curve_dir)
 
     def _open(
         self,
@@ -289,7 +304,7 @@ class Node:
                 and validator.max_tensor_bytes < COPY_BYTES,
             )
         except TransportError as exc:
-            raise ConfigError(f"--bind {self.bind!r}: {exc}") from None
+            raise bind_refused(self.bind, exc) from None
         self.inbox.start()
         self._announce(advertised(self.inbox.endpoint, self.advertise))
         self.outbox = self._outbox(peers, out_hwm)
@@ -360,16 +375,16 @@ class Node:
             if not missing:
                 return {j: e for j, e in found.items() if e is not None}
             if time.monotonic() >= deadline:
-                said = ""
+                said = []
                 with contextlib.suppress(redis.RedisError):
-                    said = "".join(
-                        f"; the run's events: {w}" for w in self.control.last_words(missing)
-                    )
+                    said = self.control.last_words(missing)
+                # a peer that said why it failed is not slow: its words, not a longer wait
+                why = "".join(f"; the run's events: {w}" for w in said)
                 raise RunFailure(
                     f"{self.who} waited {self.timeout:g} s for {names(missing, self.ps_id)} to "
                     f"register an endpoint in {self.keys.addr}; "
-                    f"{'it' if len(missing) == 1 else 'they'} never appeared (slow start-up? "
-                    f"raise --timeout){said}"
+                    f"{'it' if len(missing) == 1 else 'they'} never appeared"
+                    + (why or " (slow start-up? raise --timeout)")
                 )
             self._check_threads()
             time.sleep(0.05)  # polling the registry while peers start

@@ -110,6 +110,24 @@ def _check_port(bind: str) -> None:
         raise zmq.ZMQError(errno.EINVAL, "no such TCP port (0..65535, or *)")
 
 
+def probe_bind(bind: str) -> None:
+    """TransportError, the line an inbox would raise, if ``bind`` cannot be bound now (a port
+    another process holds, an address not on this host); else nothing stays bound. What a
+    process looks at before it takes a worker id from the run: an id taken by a process that
+    then cannot bind is lost to the run."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        _check_port(bind)
+        sock.bind(bind)
+    except zmq.ZMQError as exc:
+        raise TransportError(f"inbox: cannot bind {bind}: {exc.strerror}") from None
+    finally:
+        sock.close()
+        ctx.term()
+
+
 class Inbox:
     """Binds a PULL socket at ``bind`` now; ``start()`` begins delivering to ``on_message``.
 

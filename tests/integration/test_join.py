@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -190,7 +191,7 @@ def test_a_worker_bound_to_another_transport_than_tcp_is_one_line(redis_url, bin
 def test_a_worker_waiting_in_vain_quotes_why_the_other_never_appeared(redis_url):
     """Fault ``script_exits_at_once``: worker 0's command (``hopbus worker -- COMMAND``)
     exited 0 without joining, which it told the run's events; worker 1 waited out --timeout
-    and blamed a slow start-up. It now quotes worker 0's own failure."""
+    and blamed a slow start-up. It now quotes worker 0's own failure instead."""
     run = f"gone{os.getpid()}"
     create = ["create", "--run", run, "-n", "2", "--iterations", "20", "--timeout", "4"]
     joins = "import hopbus, numpy; hopbus.join().start({'w': numpy.zeros(3, 'float32')})"
@@ -207,5 +208,48 @@ def test_a_worker_waiting_in_vain_quotes_why_the_other_never_appeared(redis_url)
     p = hopbus(*worker, "1", "--", sys.executable, "-c", joins)
     assert p.returncode == 1, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert "never appeared (slow start-up? raise --timeout); the run's events: worker 0: " in last
+    assert "never appeared; the run's events: worker 0: " in last, last
+    assert "slow start-up" not in last, last
     assert "exited 0 without finishing its part of the run" in last, last
+
+
+@pytest.mark.parametrize("mistake", ["curve_not_asked", "bind_held", "command_typo"])
+def test_a_process_refused_before_it_joins_takes_no_id(redis_url, tmp_path, mistake):
+    """Faults ``curve_not_asked``, ``bind_held``, ``command_typo``: a worker started without
+    --id with a mistake of its own machine (--curve for a run without it, a --bind port another
+    process holds, a command that names no program) took an id from the join counter and then
+    failed, so the run could never fill: its peers waited for that id in vain. Each is now
+    refused, one line, before it takes one; the correct workers then fill the run."""
+    run = f"early{os.getpid()}-{mistake}"
+    script = mistake == "command_typo"
+    create = ["create", "--run", run, "-n", "2", "--iterations", "20", "--redis", redis_url]
+    create += ["--model", "script"] if script else []
+    p = subprocess.run(_hopbus(*create), capture_output=True, text=True, env=_env(), timeout=60,
+                       check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    worker = ["worker", "--run", run, "--redis", redis_url]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        wrong = {
+            "curve_not_asked": ["--curve", str(tmp_path)],
+            "bind_held": ["--bind", f"tcp://127.0.0.1:{held.getsockname()[1]}"],
+            "command_typo": ["--", "pyhton-no-such-program", "train.py"],
+        }[mistake]
+        p = subprocess.run(_hopbus(*worker, *wrong), capture_output=True, text=True,
+                           env=_env(), timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert {"curve_not_asked": "created without --curve", "bind_held": "cannot bind",
+            "command_typo": "no such program on PATH"}[mistake] in line, line  # fmt: skip
+    r = redis.Redis.from_url(redis_url)
+    assert r.get(RunKeys(run).joined) is None  # no id taken
+    assert r.xlen(RunKeys(run).events) == 0  # nothing said to the run
+    if script:
+        return
+    workers = [subprocess.Popen(_hopbus(*worker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=_env()) for _ in range(2)]  # fmt: skip
+    for w in workers:
+        out, err = w.communicate(timeout=120)
+        assert w.returncode == 0, err
+        assert "finished 20 iterations" in out
