@@ -207,6 +207,14 @@ def gone(value: Any, pttl: Any) -> bool:
     return not beating(value, pttl) and text(value, 40) != FINISHED
 
 
+def accuracy(value: float) -> bool:
+    """Whether ``value`` is an accuracy a worker may write: a fraction in [0, 1], or NaN (an
+    evaluation on nothing, written as null). The writer's check (``Session.log``, a model's
+    ``evaluate()``) and the progress reader's are this one rule: an entry the writer lets
+    through and the reader refuses made every later step of that worker look forged."""
+    return math.isnan(value) or 0.0 <= value <= 1.0
+
+
 def _finite_json_number(value: Any) -> bool:
     """A JSON number a worker's report holds: a finite float, or an integer of hopbus's
     range (math.isfinite of a 400-digit integer raises OverflowError)."""
@@ -262,6 +270,7 @@ def result(
 __all__ = [
     "MAX_INT",
     "REPORT_FIELDS",
+    "accuracy",
     "beating",
     "finite_number",
     "gone",

@@ -77,6 +77,7 @@ def load_user_data(spec: str) -> Dataset:
         )
     ints = y_train.dtype.kind in "biu" and y_test.dtype.kind in "biu"
     if ints:
+        y_train, y_test = _class_ids(y_train, "y_train", spec), _class_ids(y_test, "y_test", spec)
         low = min(int(y_train.min()), int(y_test.min()))
         if low < 0:
             raise DataError(f"--data {spec!r}: integer labels must be 0..C-1, found {low}")
@@ -93,6 +94,20 @@ def load_user_data(spec: str) -> Dataset:
     return Dataset(
         spec, x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test, n_classes
     )
+
+
+def _class_ids(y: np.ndarray, name: str, spec: str) -> np.ndarray:
+    """Integer labels are class ids, one per row: a column of them (shape [N, 1]) is taken as
+    one; more columns are refused (an int one-hot matrix reached a model's loss as an index
+    and failed there, mid-run; one column broadcast into an accuracy of 39)."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        return y[:, 0]
+    if y.ndim != 1:
+        raise DataError(
+            f"--data {spec!r}: {name} has shape {list(y.shape)}: integer labels are class ids, "
+            "one per row (one-hot? give y.argmax(axis=1); or floats, for a model of your own)"
+        )
+    return y
 
 
 __all__ = ["load_user_data"]

@@ -28,6 +28,7 @@ from hopbus.runtime import checkpoint
 from hopbus.runtime.checkpoint import CheckpointError
 from hopbus.runtime.compute import Trainer, eval_subset
 from hopbus.runtime.node import redis_failures
+from hopbus.runtime.session import scored
 from hopbus.runtime.worker import Worker
 from hopbus.transport import layout_of
 
@@ -72,7 +73,7 @@ def train_loop(ctx: Context, trainer: Trainer) -> dict[str, Any]:
     while (x := ctx.begin()) is not None:
         new, loss = trainer.local_step(x)
         trainer.params = ctx.end(new, loss=loss)
-    loss, accuracy = trainer.evaluate(full=True)
+    loss, accuracy = scored(trainer.evaluate(full=True))
     return ctx.finish(loss=loss, accuracy=accuracy)
 
 

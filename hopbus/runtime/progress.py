@@ -61,7 +61,7 @@ def _plausible(name: str, value: Any) -> bool:
     """A value a worker could have written under ``name``: accuracies are fractions, times
     spent are finite and not negative (a loss may be anything: divergence is a fact)."""
     if name in ("eval_accuracy", "accuracy"):
-        return 0.0 <= value <= 1.0
+        return read.accuracy(value)
     if name in ("compute_s", "wait_s"):
         return math.isfinite(value) and value >= 0.0
     return True

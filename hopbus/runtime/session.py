@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from hopbus.coord import read
 from hopbus.errors import ConfigError, Diverged, UserError
 from hopbus.modes import Approach
 from hopbus.protocol.effects import (
@@ -91,8 +92,8 @@ them), training accuracy."""
 
 def _figure(call: str, name: str, value: Any) -> float | None:
     """A loss or accuracy the caller reports, as a float (a numpy scalar too), or one line
-    naming the call; an accuracy that is a number is a fraction in [0, 1] (NaN passes: it is
-    written as null)."""
+    naming the call; an accuracy is a fraction in [0, 1] (NaN passes: it is written as null;
+    coord/read.accuracy, the rule the progress reader applies)."""
     if value is None:
         return None
     try:
@@ -101,10 +102,19 @@ def _figure(call: str, name: str, value: Any) -> float | None:
         raise UsageError(f"{call}: {name} must be a number, not {type(value).__name__}") from None
     except OverflowError:  # an integer beyond any float (10**400)
         raise UsageError(f"{call}: {name} is an integer beyond any float's range") from None
-    if "accuracy" in name and math.isfinite(x) and not 0.0 <= x <= 1.0:
+    if "accuracy" in name and not read.accuracy(x):
         percent = f" (a percentage? give {x / 100:g})" if 1.0 < x <= 100.0 else ""
         raise UsageError(f"{call}: {name} {x:g} is not a fraction in [0, 1]{percent}")
     return x
+
+
+def scored(got: Any) -> tuple[float | None, float | None]:
+    """What ``start``'s ``evaluate`` returned, checked as ``log`` checks the caller's figures:
+    an accuracy of 5 (labels of the wrong shape, a percentage) in one progress entry is one
+    line naming evaluate(), not an entry the run's readers refuse."""
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        raise UsageError(f"evaluate(): returned {type(got).__name__}, not (loss, accuracy)")
+    return _figure("evaluate()", "loss", got[0]), _figure("evaluate()", "accuracy", got[1])
 
 
 def first_non_finite(params: Params) -> str | None:
@@ -568,7 +578,8 @@ class Session:
         evaluate = self.evaluate
         fields = n.entry_fields(
             eff.start, eff.to, self._compute_s, self._wait_s, self._blocked, loss=self.loss,
-            device=self.device, evaluate=None if evaluate is None else lambda: evaluate(self.x),
+            device=self.device,
+            evaluate=None if evaluate is None else lambda: scored(evaluate(self.x)),
         )  # fmt: skip
         fields.update(self.pending)
         self.pending = {}

@@ -188,8 +188,20 @@ class Renamed(Softmax):
         return loss, {"W": g["w"], "b": g["b"]}
 
 
+class Percent(Softmax):
+    """Right at the start (the check before the run), a percentage once trained."""
+
+    def evaluate(self, p, x, y):
+        loss, accuracy = super().evaluate(p, x, y)
+        return loss, accuracy * 100 if p["w"].any() else accuracy
+
+
 def good(n_features, n_classes):
     return Softmax(n_features, n_classes)
+
+
+def percent(n_features, n_classes):
+    return Percent(n_features, n_classes)
 
 
 def renamed(n_features, n_classes):
@@ -217,3 +229,19 @@ def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url,
         "by its name"
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url, tmp_path):
+    """Fault ``implausible_evaluation``: a --model whose evaluate() returned a percentage once
+    trained (or labels of the wrong shape gave an accuracy of 39) had its progress entries
+    refused as forged from that evaluation on, the summary cut at that iteration, and the run
+    failed in finish(). It now fails at that evaluation, naming evaluate(); nothing refused."""
+    code = tmp_path / "mine.py"
+    code.write_text(NUMPY_MODELS)
+    p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "40",
+                 "--eval-every", "10", "--model", f"{code}:percent", "--json")  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert "evaluate(): accuracy" in p.stderr and "is not a fraction in [0, 1]" in p.stderr
+    assert "refused" not in p.stderr, p.stderr
+    # the steps before it are the run's record (the first evaluation comes on entering 10)
+    assert s is not None and not s["finished"] and s["iterations"]["min"] >= 9, s

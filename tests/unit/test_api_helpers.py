@@ -90,3 +90,28 @@ def test_a_number_from_the_environment_is_ascii_digits(monkeypatch, text):
         _env_number("HOPBUS_ID", int, None)
     monkeypatch.setenv("HOPBUS_ID", "12")
     assert _env_number("HOPBUS_ID", int, None) == 12
+
+
+def test_the_writer_lets_through_what_the_progress_reader_takes():
+    """Fault ``implausible_evaluation``: a --model's evaluate() (or a script's log()) wrote an
+    accuracy of 5, or an infinite one, into a progress entry; the reader refused that entry
+    and then every later step of the worker, as forged. The writer now refuses exactly what
+    the reader would (coord/read.accuracy), naming evaluate(); NaN passes both."""
+    from hopbus.runtime.progress import parse_entry
+    from hopbus.runtime.session import _figure, scored
+
+    for value in (0.0, 0.5, 1.0, float("nan"), 5.0, float("inf"), -0.1):
+        fields = {b"worker": b"0", b"iter": b"3", b"eval_accuracy": repr(value).encode()}
+        taken = parse_entry(fields) is not None
+        try:
+            _figure("log()", "eval_accuracy", value)
+        except UserError:
+            written = False
+        else:
+            written = True
+        assert taken == written, value
+    assert scored((0.3, np.float64(0.25))) == (0.3, 0.25)
+    with pytest.raises(UserError, match=r"^evaluate\(\): accuracy 5 is not a fraction"):
+        scored((0.3, 5.0))
+    with pytest.raises(UserError, match=r"^evaluate\(\): returned float, not \(loss, accuracy\)"):
+        scored(0.3)

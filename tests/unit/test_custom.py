@@ -181,11 +181,20 @@ def test_user_data_is_checked(tmp_path):
 
         def strings():
             return x, np.array(["a"] * 20), x, y
+
+        def column():
+            return x, y[:, None], x[:5], y[:5, None]
+
+        def one_hot():
+            return x, np.eye(3, dtype=np.int64)[y], x[:5], y[:5]
         """,
     )
     d = load_dataset(f"{path}:good")
     assert d.x_train.shape == (20, 4, 4, 1) and d.x_train.dtype == np.float32
     assert d.y_train.dtype == np.int64 and d.n_classes == 3 and d.n_features == 16
+    # fault ``label_column``: integer labels shaped [N, 1] broadcast into an accuracy of 39
+    c = load_dataset(f"{path}:column")
+    assert c.y_train.shape == (20,) and c.y_test.shape == (5,) and c.n_classes == 3
     f = load_dataset(f"{path}:floats")
     assert f.y_train.dtype == np.float32 and f.n_classes == 0
     with pytest.raises(ConfigError, match="'softmax' classifies, but the data's labels are floats"):
@@ -200,6 +209,8 @@ def test_user_data_is_checked(tmp_path):
         ("huge", "integer labels must be 0..C-1 with C at most 100000, found 2000000000000 "),
         ("shapes", "x_train rows are \\[4, 4, 1\\], x_test rows \\[2, 4, 1\\]"),
         ("strings", "y_train holds <U1, not numbers"),
+        # fault ``one_hot_ints``: they reached softmax's loss as indices and failed mid-run
+        ("one_hot", "y_train has shape \\[20, 3\\]: integer labels are class ids, one per row"),
     ]:
         with pytest.raises(DataError, match=expected):
             load_dataset(f"{path}:{name}")
