@@ -37,30 +37,31 @@ def launch(redis_url: str, out: Path, run: str, *flags: str, timeout: float = 30
 
 
 def alone(tmp_path: Path, copies: int) -> tuple[list[float], float]:
-    """The script trained alone on all the data for STEPS steps, ``copies`` times at once:
-    the test accuracies, and the consensus distance of the copies (no averaging)."""
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(EXAMPLE),
-                "--steps",
-                str(STEPS),
-                "--save",
-                str(tmp_path / f"alone-{i}.npz"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_env(),
-        )
-        for i in range(copies)
-    ]
+    """The script trained alone on all the data for STEPS steps, ``copies`` times, two at a
+    time: the test accuracies, and the consensus distance of the copies (no averaging)."""
     accuracies = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        accuracies.append(float(out.split("accuracy")[-1]))
+    for first in range(0, copies, 2):  # two at a time: the CI machine has two cores
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(EXAMPLE),
+                    "--steps",
+                    str(STEPS),
+                    "--save",
+                    str(tmp_path / f"alone-{i}.npz"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=clean_env(),
+            )
+            for i in range(first, min(first + 2, copies))
+        ]
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            accuracies.append(float(out.split("accuracy")[-1]))
     sketches = {}
     for i in range(copies):
         with np.load(tmp_path / f"alone-{i}.npz") as z:
@@ -86,8 +87,10 @@ def test_a_keras_script_in_backup_mode_learns_as_well_as_alone(redis_url, tmp_pa
     assert s["finished"] and s["violations"] == 0
     assert all(v == 0 for v in s["checks"].values()), s["checks"]
     assert s["iterations"]["min"] == STEPS
-    accuracies, apart = alone(tmp_path, 2)
-    # the same number of steps (each on a quarter of the data) reaches the accuracy alone
+    accuracies, apart = alone(tmp_path, 4)
+    # the same number of steps (each on a quarter of the data) reaches the accuracy alone. The
+    # script sets no seed and ends on a constant learning rate, so one run alone lands anywhere
+    # in 0.93-0.98 (measured); the median of four is the reference, not a lucky pair
     assert s["final_accuracy"] >= float(np.median(accuracies)) - 0.02, (
         s["final_accuracy"],
         accuracies,
