@@ -52,9 +52,12 @@ def load(cifar10: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return x[train], y[train], x[test], y[test]
 
 
-def build(input_shape: tuple[int, ...], classes: int, lr: float) -> keras.Model:
+def build(
+    input_shape: tuple[int, ...], classes: int, lr: float, decay_steps: int | None = None
+) -> keras.Model:
     """No seed on purpose: each process draws its own weights. BatchNorm's moving statistics
-    follow the batches with momentum 0.9 (Keras's 0.99 needs thousands of steps to settle)."""
+    follow the batches with momentum 0.9 (Keras's 0.99 needs thousands of steps to settle).
+    ``decay_steps``: Adam's rate falls to 5% along a cosine over that many steps."""
     width = 32 if input_shape[0] >= 32 else 16
     model = keras.Sequential(
         [
@@ -72,7 +75,11 @@ def build(input_shape: tuple[int, ...], classes: int, lr: float) -> keras.Model:
         ]
     )
     model.compile(
-        optimizer=keras.optimizers.Adam(lr),
+        optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.CosineDecay(lr, decay_steps, alpha=0.05)
+            if decay_steps
+            else lr
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -109,12 +116,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--steps", type=int, default=300, help="alone: batches to train on")
     parser.add_argument("--save", metavar="FILE", help="save the final weights (.npz)")
+    parser.add_argument(
+        "--cosine", action="store_true", help="decay the rate to 5%% over the run (or --steps)"
+    )
     args = parser.parse_args()
 
     x_train, y_train, x_test, y_test = load(args.cifar10)
-    model = build(x_train.shape[1:], int(y_train.max()) + 1, args.lr)
-    if hopbus.launched():
-        ctx = hopbus.join()  # hopbus: this process is one worker of the run
+    ctx = hopbus.join() if hopbus.launched() else None  # hopbus: one worker of the run
+    steps = (ctx.iterations if ctx else args.steps) if args.cosine else None
+    model = build(x_train.shape[1:], int(y_train.max()) + 1, args.lr, steps)
+    if ctx:
         x_train, y_train = ctx.shard(x_train, y_train)  # hopbus: its share of the data
         epochs = ctx.epochs(len(x_train), args.batch_size)
         callbacks = [hopbus.keras.HopCallback(ctx)]  # hopbus: Hop around every batch
