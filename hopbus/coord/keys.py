@@ -60,6 +60,11 @@ FINISHED = "finished"
 kept without a TTL), so a report counts only beside it (coord/read.result): a report written
 by anything else, even while the worker's counter stands at the last iteration, does not."""
 
+RESUMED_FROM = "resumed_from"
+"""The field of a run's meta hash that says the iteration its workers resumed from (their
+checkpoints'): hopbus train --resume writes it, and so does each worker started with
+--resume-from, before its start event, so that a hopbus watch places them there."""
+
 KEPT_TYPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"meta|addr|result|incarnation|marks|initial|sketch|stats:[0-9]+"), "hash"),
     (re.compile(r"(iter|floor|hb):[0-9]+|joined|stop|launcher|group:[0-9]+:[0-9]+"), "string"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,7 +84,7 @@ class Checkpoints:
     def __init__(self, node: Worker, trainer: Trainer) -> None:
         cfg = node.cfg
         self.node, self.trainer = node, trainer
-        self.folder = node.checkpoint_dir or Path("runs") / node.keys.run / "checkpoints"
+        self.folder = node.checkpoint_dir or checkpoint.default_folder(node.keys.run)
         self.keep: int | None = None
         if cfg.checkpoint_every:
             bound = node.topo.table1(cfg.gap_setting())["any_pair"]

@@ -47,6 +47,16 @@ _TMP_SUFFIX = ".tmp"
 
 Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
 
+FOLDER = "checkpoints"
+"""The checkpoint folder inside a results folder: where hopbus train has its workers write
+them, and a worker started by hand does by default (``default_folder``)."""
+
+
+def default_folder(run: str) -> Path:
+    """A worker's --checkpoint-dir when none is given: FOLDER in the results folder that
+    hopbus watch writes by default, ``runs/RUN`` (which watch therefore accepts holding it)."""
+    return Path("runs") / run / FOLDER
+
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, unreadable, or of another model."""

@@ -42,6 +42,7 @@ from hopbus.coord.keys import (
     FINISHED,
     INTERRUPTED_LINE,
     JOIN_FAILED,
+    RESUMED_FROM,
     SAYS_WHY_GONE,
     RunKeys,
     named_keys,
@@ -66,6 +67,7 @@ from hopbus.protocol.membership import survivable
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
+from hopbus.runtime.checkpoint import FOLDER as CHECKPOINTS
 from hopbus.runtime.checkpoint import (
     CheckpointError,
     discard_after,
@@ -142,7 +144,6 @@ class Outage:
             self.since = None
 
 
-CHECKPOINTS = "checkpoints"  # the results folder's checkpoint folder (runtime/checkpoint.py)
 TENSORBOARD = "tensorboard"  # the results folder's TensorBoard folder (worker-I/ under it)
 LOCK = ".hopbus.lock"  # held by the process writing the results folder (``_holding``)
 LOCAL_WORKERS = 256  # the most worker processes hopbus train or launch starts on one machine
@@ -620,7 +621,7 @@ class Launcher:
             discard_after(self.out / CHECKPOINTS, range(self.topo.n), self.resume_from)
         create_run(self.r, self.keys, self.cfg.public(), __version__, self.url)
         if self.resume_from is not None:
-            self.r.hset(self.keys.meta, "resumed_from", self.resume_from)
+            self.r.hset(self.keys.meta, RESUMED_FROM, self.resume_from)
         set_status(self.r, self.keys, "running")
         self._beat()
 
@@ -952,10 +953,20 @@ class Launcher:
 
     def _new_replay(self, t0: float) -> Replay:
         setting = self.cfg.gap_setting()
+        if self.resume_from is None:  # a watch: workers started by hand with --resume-from c
+            self.resume_from = self._recorded_resume()
         return Replay(
             self.topo, setting, t0, self.cfg.target_loss, start=self.resume_from or 0,
             iterations=self.cfg.iterations, partial=self._cut,
         )  # fmt: skip
+
+    def _recorded_resume(self) -> int | None:
+        """The iteration the run's workers resumed from, as the first of them recorded it
+        before its start event (``Worker.start``), if it is one they could have: within the
+        run, and a multiple of --checkpoint-every (they write no other)."""
+        c = read.integer(self.r.hget(self.keys.meta, RESUMED_FROM), 1, self.cfg.iterations - 1)
+        every = self.cfg.checkpoint_every
+        return c if c is not None and (not every or c % every == 0) else None
 
     # -- following the run ------------------------------------------------------------------------
     def _feed(self, entries: list[Entry], metrics: TextIO, *, t0: float | None = None) -> bool:
@@ -1803,15 +1814,18 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
     """The results folder: new, or empty, or holding only the run's TensorBoard scalars (the
     workers of a run followed by hopbus watch may have started writing them there) and the
     lock of a launcher that stopped before writing anything (``_holding``). For
-    ``watch``, also one where a watch of the same run was interrupted before its summary:
-    it reads the run's stream from the start again and rewrites every file."""
+    ``watch``, also one that holds the workers' checkpoints (their default --checkpoint-dir
+    is in its default --out), or one where a watch of the same run was interrupted before its
+    summary: it reads the run's stream from the start again and rewrites every file."""
     out = out if out is not None else Path("runs") / keys.run
     if (out.exists() or out.is_symlink()) and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is not a folder: choose another --out")
-    board = out / TENSORBOARD
-    if board.is_symlink() or (board.exists() and not board.is_dir()):
-        raise ConfigError(f"--out {str(out)!r}: its {TENSORBOARD} is not a folder of its own")
-    if out.exists() and any(p.name not in (TENSORBOARD, LOCK) for p in out.iterdir()):
+    theirs = (TENSORBOARD, CHECKPOINTS) if watch else (TENSORBOARD,)  # the workers write them
+    for name in theirs:
+        folder = out / name
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise ConfigError(f"--out {str(out)!r}: its {name} is not a folder of its own")
+    if out.exists() and any(p.name not in (*theirs, LOCK) for p in out.iterdir()):
         if watch and _watched_before(out, keys.run):
             return out
         choose = "another --out" if watch else "another --run or --out"
@@ -1822,7 +1836,7 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
 def _watched_before(out: Path, run: str) -> bool:
     """Whether ``out`` holds an interrupted hopbus watch of ``run``: its config.toml says so,
     no summary.json, and nothing but what a watch writes."""
-    ours = {"config.toml", "metrics.jsonl", TENSORBOARD, LOCK}
+    ours = {"config.toml", "metrics.jsonl", TENSORBOARD, CHECKPOINTS, LOCK}
     if not all(p.name in ours for p in out.iterdir()):
         return False
     config = out / "config.toml"

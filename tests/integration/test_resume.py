@@ -173,3 +173,59 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     (out / "summary.json").unlink()
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
     assert p.returncode == 2 and "nothing to resume" in p.stderr, p.stderr
+
+
+def test_a_run_started_by_hand_resumes_and_watch_takes_its_checkpoints(redis_url, tmp_path):
+    """The flow docs/checkpoints.md gives for runs started without a launcher (create,
+    workers, watch; compose's): workers write their checkpoints to their default folder,
+    runs/RUN/checkpoints, inside watch's default --out, runs/RUN. Fault
+    ``watch_after_checkpoints``: a watch started once a checkpoint was written refused that
+    folder ('already holds files'); it now takes it. Killed, the run is made again with the
+    same flags, and its workers resume from the newest complete set (--resume-from c)."""
+    run = f"byhand{os.getpid()}"
+    flags = ["-n", "2", "--topology", "ring", "--iterations", "400", "--iter-time", "0.02",
+             "--checkpoint-every", "10", "--eval-every", "0", "--heartbeat", "2"]  # fmt: skip
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    folder = tmp_path / "runs" / run / "checkpoints"
+
+    def start(*extra: str) -> list[subprocess.Popen]:
+        created = hopbus("create", "--run", run, *flags, "--redis", redis_url)
+        assert created.returncode == 0, created.stderr
+        return [
+            subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i), *extra),
+                             env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+            for i in range(2)
+        ]  # fmt: skip
+
+    workers = start()
+    wait_for(lambda: (newest_complete(folder, 2) or 0) >= 30, 60, "a checkpoint set of 30")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    watch = subprocess.Popen(hopbus_args("watch", "--run", run, "--json"), env=env,
+                             cwd=tmp_path, **pipes)  # fmt: skip
+    wait_for(lambda: (tmp_path / "runs" / run / "config.toml").exists() or watch.poll(), 30,
+             "the watch to take runs/RUN")  # fmt: skip
+    assert watch.poll() is None, watch.communicate()[1].decode()
+    for w in workers:  # the machine goes down
+        w.kill()
+        w.wait(timeout=10)
+    _, said = watch.communicate(timeout=60)
+    assert watch.returncode == 1, said.decode()  # the run failed: its workers are gone
+    c = newest_complete(folder, 2)
+    assert c is not None and c >= 30
+    cleaned = hopbus("clean", "--run", run, "--force", "--redis", redis_url, timeout=60)
+    assert cleaned.returncode == 0, cleaned.stderr
+    workers = start("--resume-from", str(c))
+    out = tmp_path / "resumed"
+    p = subprocess.run(hopbus_args("watch", "--run", run, "--out", str(out), "--json"), env=env,
+                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 400, s
+    # fault ``watch_of_resumed_workers``: the watch took their first entries, at c+1, as
+    # forged ('ahead of their worker'), and said finished with iterations 0 and no metrics
+    assert s["resumed_from"] == c
+    first = min(json.loads(x)["iter"] for x in (out / "metrics.jsonl").read_text().splitlines())
+    assert first == c + 1  # it went on from the checkpoints, not from 0
+    for w in workers:
+        assert w.wait(timeout=30) == 0
