@@ -609,6 +609,15 @@ def worker_cmd(
         if w is not None and w.admitted:
             report_failure(url, run, w.node, INTERRUPTED_LINE, kind=INTERRUPTED)
         raise
+    except SystemExit as exc:  # hopbus's loop exits by returning: the run's own code did it
+        who = "worker" if w is None else f"worker {w.node}"
+        line = (
+            f"{who}: the run's --model or --data code ended the program in training "
+            f"(sys.exit({exc.code!r})); it must return or raise"
+        )
+        if w is not None and w.admitted:
+            report_failure(url, run, w.node, line)
+        raise RunFailure(line) from None
     print(f"hopbus: worker {w.node} finished {result['iterations']} iterations{_accuracy(result)}")
 
 

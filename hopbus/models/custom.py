@@ -17,6 +17,7 @@ its type and first line, never with a traceback.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import importlib.util
 import inspect
@@ -203,9 +204,26 @@ def _import(module_name: str, flag: str, spec: str) -> Any:
     return importlib.import_module(module_name)
 
 
-def _prints_aside() -> contextlib.AbstractContextManager[Any]:
-    """What the user's Python code prints, on stderr instead of stdout."""
-    return contextlib.redirect_stdout(sys.stderr)
+@contextlib.contextmanager
+def _prints_aside() -> Iterator[None]:
+    """What the user's code prints, on stderr instead of stdout (the command's: one JSON
+    object under --json): Python's prints, and what is written to descriptor 1 itself (a
+    child of os.system, C code's printf), which reached stdout before the summary."""
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            sys.__stdout__.flush()  # type: ignore[union-attr]
+            saved = os.dup(1)
+        except (OSError, ValueError, AttributeError):  # no descriptor 1: nothing to move
+            yield
+            return
+        os.dup2(2, 1)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, AttributeError):  # C's buffered stdout, now
+                ctypes.CDLL(None).fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def call_user(fn: Callable[..., Any], spec: str, flag: str, **offered: Any) -> Any:

@@ -196,8 +196,39 @@ class Percent(Softmax):
         return loss, accuracy * 100 if p["w"].any() else accuracy
 
 
+class Quitter(Softmax):
+    """Trains 20 steps in a worker, then ends the program as a script's code might."""
+
+    steps = 0
+
+    def loss_and_grad(self, p, x, y):
+        Quitter.steps += 1
+        if Quitter.steps > 20:
+            import sys
+
+            sys.exit(0)
+        return super().loss_and_grad(p, x, y)
+
+
+def loud():
+    """The digits, with what a shell and C code write to descriptor 1 on the way."""
+    import os
+
+    from sklearn.datasets import load_digits
+
+    os.system("echo FROM-SHELL")
+    os.write(1, b"RAW-FD1\\n")
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16).astype(np.float32)
+    return x[:1400], y[:1400], x[1400:], y[1400:]
+
+
 def good(n_features, n_classes):
     return Softmax(n_features, n_classes)
+
+
+def quitter(n_features, n_classes):
+    return Quitter(n_features, n_classes)
 
 
 def percent(n_features, n_classes):
@@ -245,3 +276,23 @@ def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url
     assert "refused" not in p.stderr, p.stderr
     # the steps before it are the run's record (the first evaluation comes on entering 10)
     assert s is not None and not s["finished"] and s["iterations"]["min"] >= 9, s
+
+
+def test_user_code_that_prints_below_python_or_exits_is_told_apart(redis_url, tmp_path):
+    """Faults ``fd1_prints`` and ``exit_in_model``: a --data function whose shell child and
+    raw writes to descriptor 1 came out on stdout before --json's summary (no longer JSON);
+    a --model whose loss_and_grad() called sys.exit(0) mid-run, so its worker exited 0 without
+    a report and the launcher blamed a Redis restart. The writes now go to stderr; the exit
+    is the worker's failure, naming sys.exit."""
+    code = tmp_path / "mine.py"
+    code.write_text(NUMPY_MODELS)
+    # train() parses stdout as JSON
+    p, s = train(redis_url, tmp_path / "loud", "-n", "2", "--iterations", "20",
+                 "--data", f"{code}:loud")  # fmt: skip
+    assert p.returncode == 0 and s is not None and s["finished"], p.stderr
+    assert "FROM-SHELL" in p.stderr and "RAW-FD1" in p.stderr
+    p, s = train(redis_url, tmp_path / "quits", "-n", "2", "--iterations", "60",
+                 "--model", f"{code}:quitter")  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert "--model or --data code ended the program in training (sys.exit(0))" in p.stderr
+    assert "restart" not in p.stderr, p.stderr
