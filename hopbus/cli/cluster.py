@@ -440,8 +440,9 @@ def watch_cmd(
     writes them. Starts and stops nothing: Ctrl-C stops the watch, not the run, and the same
     watch started again reads the run from its start into the same folder (one that reached
     its summary there is done: a new watch needs another --out). Exit status 1 if
-    a node reported an error or its heartbeat vanished, 3 if a Table 1 bound was broken or an
-    invariant check failed."""
+    a node reported an error or its heartbeat vanished, 2 if --out holds other files or no
+    run RUN is recorded in Redis within 10 s, 3 if a Table 1 bound was broken or an invariant check
+    failed."""
     interrupts.install()
     from hopbus.runtime.launcher import watch
 

@@ -1592,8 +1592,8 @@ class Watcher(Launcher):
         return None
 
     def _record(self) -> None:
-        if self.r.hget(self.keys.meta, "status") == b"starting":
-            set_status(self.r, self.keys, "running")
+        # the status is left as it is: a watch starts nothing (one that wrote "running" and
+        # was stopped before any worker came left a run that never started "abandoned")
         with contextlib.suppress(redis.ResponseError):  # no stream yet
             info = self.r.xinfo_stream(self.keys.progress)
             added = read.integer(info.get("entries-added"))

@@ -872,6 +872,24 @@ def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_clien
     assert not (out / ".hopbus.lock").exists()  # the folder's lock went with its watch
 
 
+def test_a_watch_stopped_before_any_worker_came_leaves_the_run_starting(redis_url, tmp_path):
+    """Fault ``watch_before_workers``: a watch recorded the run it follows as "running" when
+    it began; stopped before any worker came, it left a run that never started
+    "abandoned" (and watch starts nothing). The status is now the workers' to change."""
+    run = f"early{os.getpid()}"
+    assert hopbus("create", "--run", run, "-n", "2", "--redis", redis_url).returncode == 0
+    out = tmp_path / "w"
+    watch = subprocess.Popen(hopbus_args("watch", "--run", run, "--out", str(out)),
+                             env=clean_env(HOPBUS_REDIS=redis_url), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)  # fmt: skip
+    wait_for((out / "config.toml").exists, 30, "the watch to follow the run")
+    watch.send_signal(signal.SIGINT)
+    watch.communicate(timeout=60)
+    assert watch.returncode == 130
+    snap = json.loads(hopbus("inspect", "--run", run, "--redis", redis_url, "--json").stdout)
+    assert snap["status"] == "starting" and snap["recorded_status"] == "starting", snap
+
+
 def test_a_forged_endpoint_is_one_line(redis_url, redis_client):
     """Fault ``forged_endpoint``: worker 1's endpoint in the registry rewritten to something
     ZeroMQ cannot connect to, with a terminal escape in it. Worker 0, connecting to it,
