@@ -69,7 +69,7 @@ def refused_because(exc: BaseException, otherwise: str) -> str:
     Redis out of memory (OOM, maxmemory with no eviction) have causes of their own, which
     ``otherwise`` (the run's keys written by something else) would hide."""
     said = refusal(exc)
-    if said.startswith("NOPERM"):
+    if isinstance(exc, redis.exceptions.NoPermissionError) or said.startswith("NOPERM"):
         return (
             "the user in the URL may not touch this run's keys (a per-run user of another "
             "run? docs/security.md)"

@@ -1873,6 +1873,11 @@ def record(
         if secret is not None:
             write_secret(secret, create_user(client, keys, redis_url))
             secret = None
+    except redis.ResponseError as exc:  # a refusal: a per-run user of another run, say
+        why = read.refused_because(exc, "did something else write the run's keys?")
+        raise RunFailure(
+            f"run {keys.run}: Redis at {redact(redis_url)} refused: {read.refusal(exc)}: {why}"
+        ) from None
     except redis.RedisError as exc:
         raise RunFailure(f"run {keys.run}: Redis at {redact(redis_url)} refused: {exc}") from None
     finally:

@@ -1012,6 +1012,11 @@ def test_a_run_with_a_user_of_its_own_touches_only_its_keys(tmp_path):
         own = redis.Redis.from_url(url)
         with pytest.raises(redis.exceptions.NoPermissionError):
             own.get("hop:{other}:meta")
+        # the run's URL given to create another run (a copied .env): why Redis refused it
+        other = hopbus("create", "--run", f"{run}b", "--redis", url)
+        assert other.returncode == 1, other.stderr
+        (line,) = other.stderr.strip().splitlines()
+        assert "the user in the URL may not touch this run's keys (a per-run user" in line, line
         env = clean_env(HOPBUS_REDIS=url)
         workers = [
             subprocess.Popen(hopbus_args("worker", "--run", run), env=env,
