@@ -39,7 +39,7 @@ from hopbus.runtime import env
 from hopbus.runtime.join import check_trainer, ready_to_join
 from hopbus.runtime.last_words import cause, said
 from hopbus.runtime.node import place_taken, read_run_config, redis_failures, refused_place
-from hopbus.runtime.reaper import become_subreaper, command_line, descendants, stop_all
+from hopbus.runtime.reaper import become_subreaper, command_line, descendants, named, stop_all
 from hopbus.runtime.worker import report_failure
 
 KEPT_LINES = 200  # enough to find a traceback's header under a long TensorFlow message
@@ -185,7 +185,7 @@ def run_command(
     pump.start()
     try:
         code = proc.wait()
-        named = {pid: command_line(pid) for pid in descendants()}  # while they are there
+        names = {pid: command_line(pid) for pid in descendants()}  # while they are there
         left = stop_all(STOP_GRACE_S)  # before the pump: a leftover may hold the script's stderr
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI's handler, or a launcher that died):
         if proc.poll() is None:  # the script stops too, with its grace, and all it started
@@ -197,13 +197,9 @@ def run_command(
         _interrupted(redis_url, keys, worker)
         raise
     if left:
-        which = ", ".join(
-            f"pid {pid}" + (f" `{named[pid]}`" if named.get(pid) else "") for pid in left[:5]
-        )
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         print(
             f"hopbus: worker {worker}: stopped {len(left)} process{'es' * (len(left) > 1)} "
-            f"that `{shown}` left running when it exited: {which}{more}",
+            f"that `{shown}` left running when it exited: {named(left, names)}",
             file=sys.stderr,
             flush=True,
         )

@@ -91,7 +91,7 @@ from hopbus.runtime.progress import (
     summarize_run,
     token_invariant_violations,
 )
-from hopbus.runtime.reaper import stop_marked
+from hopbus.runtime.reaper import leftovers_stopped, stop_marked
 from hopbus.summary import run_seconds
 from hopbus.topology import Topology
 from hopbus.transport.curve import CurveKeys
@@ -209,15 +209,18 @@ def check_inputs(
     from hopbus.models import build_model
     from hopbus.models.custom import check_numpy_model, is_callable_spec, is_keras_model
 
-    data = load_dataset(cfg2.data, cfg2.seed)
-    shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
-    model = build_model(
-        cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden, device="cpu",
-        input_shape=tuple(data.x_train.shape[1:]),
-    )  # fmt: skip
-    if is_callable_spec(cfg2.model) and not is_keras_model(model):  # as the workers' loop
-        batch = slice(0, cfg2.batch_size)  # will call it, the user's data as it is
-        check_numpy_model(model, cfg2.model, cfg2.seed, data.x_train[batch], data.y_train[batch])
+    # the user's code, run here only to check it: what it leaves running goes with the check
+    with leftovers_stopped("the run's --model or --data code, checked here,", SCRIPT_GRACE_S):
+        data = load_dataset(cfg2.data, cfg2.seed)
+        shard(data, topo.n - 1, topo.n, cfg2.seed)  # enough examples for every worker
+        model = build_model(
+            cfg2.model, data.n_features, data.n_classes, hidden=cfg2.hidden, device="cpu",
+            input_shape=tuple(data.x_train.shape[1:]),
+        )  # fmt: skip
+        if is_callable_spec(cfg2.model) and not is_keras_model(model):  # as the workers'
+            batch = slice(0, cfg2.batch_size)  # loop will call it, the user's data as it is
+            x, y = data.x_train[batch], data.y_train[batch]
+            check_numpy_model(model, cfg2.model, cfg2.seed, x, y)
     if is_keras_model(model):
         if not cfg2.mode.is_hop:
             raise ConfigError(keras_mode_line(f"--model {cfg2.model} (a Keras model)", cfg2.mode))

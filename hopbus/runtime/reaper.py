@@ -14,21 +14,61 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Orphaned descendants of this process become its children (Linux); whether it took."""
+def become_subreaper(on: bool = True) -> bool:
+    """Orphaned descendants of this process become its children (Linux), or, ``on=False``,
+    no longer do; whether it took."""
     with contextlib.suppress(Exception):
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     return False
+
+
+def named(pids: list[int], names: dict[int, str | None]) -> str:
+    """``pid 12 `sleep 300`, pid 13 and 2 more``: leftovers as a line names them."""
+    which = ", ".join(
+        f"pid {pid}" + (f" `{names[pid]}`" if names.get(pid) else "") for pid in pids[:5]
+    )
+    return which + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
+
+
+@contextlib.contextmanager
+def leftovers_stopped(whose: str, grace_s: float) -> Iterator[None]:
+    """User code called in a process of hopbus's own (the launcher's check of --model and
+    --data, which hopbus worker runs again where it trains): the processes it starts and
+    leaves running are stopped at the block's end (SIGTERM, SIGKILL after ``grace_s``) and
+    named on stderr, as ``hopbus worker -- COMMAND`` stops what a script leaves. This process
+    is a subreaper meanwhile, so a daemon that left its session is found too. Those running
+    before the block (an embedded redis-server) are not touched."""
+    before = set(descendants())
+    took = become_subreaper()
+    try:
+        yield
+    finally:
+        if took:
+            become_subreaper(on=False)
+        new = lambda: [p for p in descendants() if p not in before]  # noqa: E731
+        names = {pid: command_line(pid) for pid in new()}
+        left = _stop(new, grace_s, reap=False)
+        for pid in left:  # its own children (re-parented ones too) leave the process table
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        if left:
+            print(
+                f"hopbus: stopped {len(left)} process{'es' * (len(left) > 1)} that {whose} "
+                f"left running: {named(left, names)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _parents() -> dict[int, tuple[int, str]]:
@@ -157,7 +197,9 @@ __all__ = [
     "become_subreaper",
     "command_line",
     "descendants",
+    "leftovers_stopped",
     "marked",
+    "named",
     "stop_all",
     "stop_marked",
 ]

@@ -9,7 +9,16 @@ import subprocess
 import time
 
 import redis
-from cluster import clean_env, hopbus, hopbus_args, train, train_args, wait_for, wait_iteration
+from cluster import (
+    clean_env,
+    hopbus,
+    hopbus_args,
+    processes_mentioning,
+    train,
+    train_args,
+    wait_for,
+    wait_iteration,
+)
 
 from hopbus.coord.keys import RunKeys
 
@@ -223,6 +232,14 @@ def loud():
     return x[:1400], y[:1400], x[1400:], y[1400:]
 
 
+def spawns():
+    """The digits, after starting a daemon that leaves its session (sh exits, sleep stays)."""
+    import os
+
+    os.system("setsid sh -c 'sleep 3017 &'")
+    return loud()
+
+
 def good(n_features, n_classes):
     return Softmax(n_features, n_classes)
 
@@ -296,3 +313,17 @@ def test_user_code_that_prints_below_python_or_exits_is_told_apart(redis_url, tm
     assert p.returncode == 1, p.stderr
     assert "--model or --data code ended the program in training (sys.exit(0))" in p.stderr
     assert "restart" not in p.stderr, p.stderr
+
+
+def test_what_user_code_leaves_running_when_train_checks_it_is_stopped(redis_url, tmp_path):
+    """Fault ``check_leaves_daemon``: hopbus train calls --data once itself, to check it; a
+    daemon that function started (one that left its session) outlived the run, re-parented to
+    init. The launcher now stops what the check left, naming it; the workers' own copies go
+    with their process trees, as before."""
+    code = tmp_path / "mine.py"
+    code.write_text(NUMPY_MODELS)
+    p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
+                 "--data", f"{code}:spawns")  # fmt: skip
+    assert p.returncode == 0 and s is not None and s["finished"], p.stderr
+    assert "checked here, left running: pid " in p.stderr and "`sleep 3017`" in p.stderr
+    wait_for(lambda: not processes_mentioning("sleep 3017"), 15, "no daemon left")
