@@ -262,6 +262,7 @@ def result(
             # finite (a worker's report is strict JSON: its writer turns NaN and inf into null)
             loss = key in ("final_loss", "final_accuracy")
             ok = (value is None and loss) or _finite_json_number(value)
+            ok = ok and (key != "final_accuracy" or value is None or accuracy(value))
         if not ok:
             return None
     return obj

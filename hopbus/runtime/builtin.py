@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from hopbus.api import Context
+from hopbus.coord import read
+from hopbus.coord.keys import RESUMED_FROM
 from hopbus.data import Batches, Dataset, load_dataset, shard
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.models import build_model
@@ -26,8 +28,8 @@ from hopbus.models.custom import is_callable_spec, is_keras_model
 from hopbus.runtime import checkpoint
 from hopbus.runtime.checkpoint import CheckpointError
 from hopbus.runtime.compute import Trainer, eval_subset
+from hopbus.runtime.figures import scored
 from hopbus.runtime.node import redis_failures
-from hopbus.runtime.session import scored
 from hopbus.runtime.worker import Worker
 from hopbus.transport import layout_of
 
@@ -96,6 +98,7 @@ class Checkpoints:
             raise ConfigError(
                 f"--resume-from {c}: run {node.keys.run} has iterations 0..{cfg.iterations}"
             )
+        self._record_resume(c)
         got = checkpoint.load(self.folder, node.worker, c, layout_of(trainer.params))
         try:
             trainer.load_state(got.state)
@@ -106,6 +109,23 @@ class Checkpoints:
                 "older one"
             ) from None
         node.start_at = c
+
+    def _record_resume(self, c: int) -> None:
+        """The run's resume point in its meta hash (keys.RESUMED_FROM), which a hopbus watch
+        places the workers at: set by the first worker of the run to resume (or by the
+        launcher's --resume), and this worker refused, before it takes its place, if it
+        resumes from another (the run would wait for updates of iterations nobody sends)."""
+        node = self.node
+        r, meta = node.r, node.keys.meta
+        if r.hsetnx(meta, RESUMED_FROM, c):
+            return
+        recorded = read.integer(r.hget(meta, RESUMED_FROM), 0, node.cfg.iterations)
+        if recorded is not None and recorded != c:
+            raise ConfigError(
+                f"--resume-from {c}: run {node.keys.run}'s workers resume from iteration "
+                f"{recorded} (its first to resume recorded it in {meta}): every worker resumes "
+                "from the same checkpoint set"
+            )
 
     def save(self, k: int, params: Any) -> None:
         """On entering iteration ``k``, write this worker's checkpoint if ``k`` is a multiple

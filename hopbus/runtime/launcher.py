@@ -965,11 +965,10 @@ class Launcher:
 
     def _recorded_resume(self) -> int | None:
         """The iteration the run's workers resumed from, as the first of them recorded it
-        before its start event (``Worker.start``), if it is one they could have: within the
-        run, and a multiple of --checkpoint-every (they write no other)."""
-        c = read.integer(self.r.hget(self.keys.meta, RESUMED_FROM), 1, self.cfg.iterations - 1)
-        every = self.cfg.checkpoint_every
-        return c if c is not None and (not every or c % every == 0) else None
+        before its start event (builtin.Checkpoints), if it is one within the run (the
+        checkpoints they resume from may have been written with another --checkpoint-every
+        than the run now has)."""
+        return read.integer(self.r.hget(self.keys.meta, RESUMED_FROM), 1, self.cfg.iterations - 1)
 
     # -- following the run ------------------------------------------------------------------------
     def _feed(self, entries: list[Entry], metrics: TextIO, *, t0: float | None = None) -> bool:

@@ -42,6 +42,7 @@ from hopbus.runtime import env as envvars
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
+from hopbus.runtime.figures import entry_figures, scored
 from hopbus.runtime.own_code import require_given
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.topology import Topology
@@ -718,13 +719,13 @@ class Node:
             fields["loss"] = loss
         e = self.cfg.eval_every
         if evaluate is not None and e and to // e > start // e and to < self.cfg.iterations:
-            fields["eval_loss"], fields["eval_accuracy"] = evaluate()
+            fields.update(entry_figures(evaluate()))
         return fields
 
     def finish_worker(self, iterations: int, cpu0: float, compute_s: float) -> dict[str, Any]:
         """Evaluate this node's trainer on the whole test set and publish its final report."""
         t = self.trainer
-        loss, acc = t.evaluate(full=True)
+        loss, acc = scored(t.evaluate(full=True))
         result = self.publish_worker_result(
             iterations, cpu0, compute_s, loss=loss, accuracy=acc, device=t.device, params=t.params
         )

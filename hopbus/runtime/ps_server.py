@@ -20,6 +20,7 @@ from hopbus.baselines.ps import Core, make_core
 from hopbus.errors import ConfigError
 from hopbus.modes import Family
 from hopbus.runtime.compute import Trainer
+from hopbus.runtime.figures import scored
 from hopbus.runtime.node import Node
 from hopbus.transport import KIND_GRAD, KIND_PARAMS, Message, Params, Validator, encode, layout_of
 
@@ -111,7 +112,7 @@ class ParameterServer(Node):
                 for it, to in to_by_iter.items():  # one encoding, shared zero-copy
                     run, me = self.keys.run, self.node
                     self.send(to, encode(run, me, it, KIND_PARAMS, t.params, tag=version))
-        loss, acc = t.evaluate(full=True)
+        loss, acc = scored(t.evaluate(full=True))
         result = {
             "role": "ps",
             "versions": version,

@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from hopbus.coord import read
-from hopbus.errors import ConfigError, Diverged, UserError
+from hopbus.errors import ConfigError, Diverged
 from hopbus.modes import Approach
 from hopbus.protocol.effects import (
     Advance,
@@ -57,6 +56,7 @@ from hopbus.protocol.effects import (
 )
 from hopbus.protocol.worker import worker_loop
 from hopbus.runtime.compute import paced
+from hopbus.runtime.figures import UsageError, figure
 from hopbus.runtime.node import LOOK_S
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.runtime.worker import Worker
@@ -81,40 +81,9 @@ def _may_overlap(eff: Effect | None) -> bool:
     return isinstance(eff, _OVERLAPPED)
 
 
-class UsageError(UserError):
-    """The session's calls in an order the protocol cannot follow (a bug in the caller)."""
-
-
 METRICS = ("eval_loss", "eval_accuracy", "accuracy")
 """What ``log`` takes: test loss and accuracy (the run's --target-loss and final accuracy read
 them), training accuracy."""
-
-
-def _figure(call: str, name: str, value: Any) -> float | None:
-    """A loss or accuracy the caller reports, as a float (a numpy scalar too), or one line
-    naming the call; an accuracy is a fraction in [0, 1] (NaN passes: it is written as null;
-    coord/read.accuracy, the rule the progress reader applies)."""
-    if value is None:
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{call}: {name} must be a number, not {type(value).__name__}") from None
-    except OverflowError:  # an integer beyond any float (10**400)
-        raise UsageError(f"{call}: {name} is an integer beyond any float's range") from None
-    if "accuracy" in name and not read.accuracy(x):
-        percent = f" (a percentage? give {x / 100:g})" if 1.0 < x <= 100.0 else ""
-        raise UsageError(f"{call}: {name} {x:g} is not a fraction in [0, 1]{percent}")
-    return x
-
-
-def scored(got: Any) -> tuple[float | None, float | None]:
-    """What ``start``'s ``evaluate`` returned, checked as ``log`` checks the caller's figures:
-    an accuracy of 5 (labels of the wrong shape, a percentage) in one progress entry is one
-    line naming evaluate(), not an entry the run's readers refuse."""
-    if not isinstance(got, tuple | list) or len(got) != 2:
-        raise UsageError(f"evaluate(): returned {type(got).__name__}, not (loss, accuracy)")
-    return _figure("evaluate()", "loss", got[0]), _figure("evaluate()", "accuracy", got[1])
 
 
 def first_non_finite(params: Params) -> str | None:
@@ -366,7 +335,7 @@ class Session:
                 a.flags.writeable and a.flags.c_contiguous and a is params[k]
                 for k, a in self._new.items()
             )
-        self.loss = _figure("end()", "loss", loss)
+        self.loss = figure("end()", "loss", loss)
         if self.loss is not None and not math.isfinite(self.loss):
             self._diverge(f"its training loss is {self.loss}")
         self._ending = True  # from here on the protocol moves: an interrupted end() is final
@@ -392,7 +361,7 @@ class Session:
         for k, v in metrics.items():
             if k not in METRICS:
                 raise UsageError(f"log(): unknown metric {k!r}; it takes {', '.join(METRICS)}")
-            x = _figure("log()", k, v)
+            x = figure("log()", k, v)
             if x is not None:
                 self.pending[k] = x
         if "eval_loss" in self.pending or "eval_accuracy" in self.pending:
@@ -418,11 +387,11 @@ class Session:
         if loss is None and accuracy is None:
             loss, accuracy = self.last_eval
         loss, accuracy = (
-            _figure("finish()", "loss", loss),
-            _figure("finish()", "accuracy", accuracy),
+            figure("finish()", "loss", loss),
+            figure("finish()", "accuracy", accuracy),
         )
-        if accuracy is not None and not math.isfinite(accuracy):
-            raise UsageError(f"finish(): accuracy {accuracy} is not a fraction in [0, 1]")
+        if accuracy is not None and math.isnan(accuracy):  # not measured (an evaluation on
+            accuracy = None  # nothing): the report's null, as a logged NaN is the entry's
         eff = self._next
         assert isinstance(eff, Finish)
 
@@ -579,7 +548,7 @@ class Session:
         fields = n.entry_fields(
             eff.start, eff.to, self._compute_s, self._wait_s, self._blocked, loss=self.loss,
             device=self.device,
-            evaluate=None if evaluate is None else lambda: scored(evaluate(self.x)),
+            evaluate=None if evaluate is None else lambda: evaluate(self.x),
         )  # fmt: skip
         fields.update(self.pending)
         self.pending = {}

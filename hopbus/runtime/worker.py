@@ -43,7 +43,7 @@ import redis
 from hopbus.coord import read
 from hopbus.coord.client import quick, scrub
 from hopbus.coord.control import Heartbeat, RunControl, StateLostError
-from hopbus.coord.keys import RESUMED_FROM, RunKeys
+from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import RedisTokenQueues
 from hopbus.errors import ConfigError, DeclaredDead, RejoinFailed, RunFailure, RunStopped
 from hopbus.modes import Approach, Mode
@@ -346,8 +346,6 @@ class Worker(Node):
         self._put_to = tuple(put_to)
         if not self.rejoin:
             self.control.start(put_to, count, at=at)
-            if at:  # --resume-from: a watch places the workers there (the launcher's resume
-                self.r.hset(self.keys.meta, RESUMED_FROM, at)  # records it too)
             self.control.event("start", endpoint=self.endpoint)
         self.iteration = at
         self._started = True

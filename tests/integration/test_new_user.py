@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 
+import pytest
 import redis
 from cluster import (
     clean_env,
@@ -279,14 +280,15 @@ def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url,
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url, tmp_path):
+@pytest.mark.parametrize("mode", ["standard", "ps-bsp", "wagma"])
+def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url, tmp_path, mode):
     """Fault ``implausible_evaluation``: a --model whose evaluate() returned a percentage once
     trained (or labels of the wrong shape gave an accuracy of 39) had its progress entries
     refused as forged from that evaluation on, the summary cut at that iteration, and the run
     failed in finish(). It now fails at that evaluation, naming evaluate(); nothing refused."""
     code = tmp_path / "mine.py"
     code.write_text(NUMPY_MODELS)
-    p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "40",
+    p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "40", "--mode", mode,
                  "--eval-every", "10", "--model", f"{code}:percent", "--json")  # fmt: skip
     assert p.returncode == 1, p.stderr
     assert "evaluate(): accuracy" in p.stderr and "is not a fraction in [0, 1]" in p.stderr

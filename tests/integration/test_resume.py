@@ -216,6 +216,15 @@ def test_a_run_started_by_hand_resumes_and_watch_takes_its_checkpoints(redis_url
     cleaned = hopbus("clean", "--run", run, "--force", "--redis", redis_url, timeout=60)
     assert cleaned.returncode == 0, cleaned.stderr
     workers = start("--resume-from", str(c))
+    # fault ``resume_points_differ``: a worker resuming from another checkpoint set waited
+    # for updates nobody sends until --timeout; it is refused, one line, before its place
+    meta = RunKeys(run).meta
+    r = redis.Redis.from_url(redis_url)
+    wait_for(lambda: r.hget(meta, "resumed_from") == str(c).encode(), 30, "the resume point")
+    stray = hopbus("worker", "--run", run, "--id", "1", "--resume-from", str(c - 10),
+                   env=env, timeout=60)  # fmt: skip
+    assert stray.returncode == 2, stray.stderr
+    assert f"workers resume from iteration {c} (its first to resume" in stray.stderr
     out = tmp_path / "resumed"
     p = subprocess.run(hopbus_args("watch", "--run", run, "--out", str(out), "--json"), env=env,
                        capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

@@ -52,7 +52,7 @@ def test_what_has_no_rows_is_one_line():
 def test_a_figure_beyond_any_float_is_one_line():
     """Fault ``huge_loss``: ``ctx.end(new, loss=10**400)`` ended in an OverflowError
     traceback; a string loss already got one line."""
-    from hopbus.runtime.session import _figure
+    from hopbus.runtime.figures import figure as _figure
 
     with pytest.raises(UserError, match=r"^end\(\): loss is an integer beyond any float's range$"):
         _figure("end()", "loss", 10**400)
@@ -97,8 +97,9 @@ def test_the_writer_lets_through_what_the_progress_reader_takes():
     accuracy of 5, or an infinite one, into a progress entry; the reader refused that entry
     and then every later step of the worker, as forged. The writer now refuses exactly what
     the reader would (coord/read.accuracy), naming evaluate(); NaN passes both."""
+    from hopbus.runtime.figures import entry_figures, scored
+    from hopbus.runtime.figures import figure as _figure
     from hopbus.runtime.progress import parse_entry
-    from hopbus.runtime.session import _figure, scored
 
     for value in (0.0, 0.5, 1.0, float("nan"), 5.0, float("inf"), -0.1):
         fields = {b"worker": b"0", b"iter": b"3", b"eval_accuracy": repr(value).encode()}
@@ -115,3 +116,11 @@ def test_the_writer_lets_through_what_the_progress_reader_takes():
         scored((0.3, 5.0))
     with pytest.raises(UserError, match=r"^evaluate\(\): returned float, not \(loss, accuracy\)"):
         scored(0.3)
+    # any pair: an array of two (a script's evaluate returning np.array([loss, acc])), None
+    # for a figure not measured, which an entry carries as NaN (null in metrics.jsonl)
+    assert scored(np.array([0.3, 0.25])) == (pytest.approx(0.3), 0.25)
+    e = entry_figures((0.3, None))
+    assert e["eval_loss"] == 0.3 and np.isnan(e["eval_accuracy"])
+    fields = {k.encode(): repr(v).encode() for k, v in e.items()}
+    fields.update({b"worker": b"0", b"iter": b"3"})
+    assert parse_entry(fields) is not None
