@@ -744,6 +744,8 @@ def refused_read(client: Redis, keys: RunKeys, exc: Exception) -> ConfigError:
     names no key, which of the run's keys hold another type than hopbus keeps there."""
     from hopbus.coord import read
 
+    if why := read.refused_because(exc, ""):  # not the run's keys: who reads them, or an OOM
+        return ConfigError(f"run {keys.run}: Redis refused a read ({read.refusal(exc)}): {why}")
     named = _misplaced(client, keys)
     return ConfigError(
         f"run {keys.run}: Redis refused a read ({read.refusal(exc)})"
@@ -780,6 +782,7 @@ def clean_cmd(
     failed, stopped or abandoned (started, but nothing beats: a killed launcher's)."""
     from redis import ResponseError
 
+    from hopbus.coord import read
     from hopbus.coord.client import connect
     from hopbus.coord.runs import clean_run, status_of
 
@@ -787,8 +790,10 @@ def clean_cmd(
     keys = RunKeys(run)
     try:
         status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
-    except ResponseError:  # a key of the run of another type (WRONGTYPE): its status unknown
-        if not force:
+    except ResponseError as exc:
+        if why := read.refused_because(exc, ""):  # a user without the right: --force too
+            raise ConfigError(f"run {run}: Redis refused ({read.refusal(exc)}): {why}") from None
+        if not force:  # a key of the run of another type (WRONGTYPE): its status unknown
             which = _misplaced(client, keys) or "a key of another type than hopbus writes there"
             raise ConfigError(
                 f"run {run} has {which}, so whether it runs is unknown: pass --force to delete "

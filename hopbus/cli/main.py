@@ -26,6 +26,7 @@ from hopbus.cli import plot as _plot  # noqa: F401 (registers hopbus plot)
 from hopbus.cli import top as _top  # noqa: F401 (registers hopbus top)
 from hopbus.cli.commands import app
 from hopbus.cli.entry import INTERRUPTED, exit_interrupted
+from hopbus.coord import read
 from hopbus.errors import UserError
 
 
@@ -140,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(exc.exit_code)
         _fail(str(exc), exc.exit_code)
     except RedisError as exc:  # a reply the command did not expect (a key of another type...)
-        _fail(f"Redis answered with an error: {exc}", 1)
+        why = read.refused_because(exc, "")  # a per-run user of another run, an OOM
+        _fail(f"Redis answered with an error: {read.refusal(exc)}{f': {why}' if why else ''}", 1)
     except KeyboardInterrupt:
         code = INTERRUPTED
     except BrokenPipeError:

@@ -92,9 +92,10 @@ class redis_failures:  # noqa: N801 - used as a function: ``with redis_failures(
                     if read.in_script(exc)
                     else ""
                 )
+                why = read.refused_because(exc, "")  # a per-run user of another run, an OOM
                 raise RunFailure(
                     f"{self.who}: Redis refused a command: {read.refusal(exc)}{self._which(exc)}"
-                    f"{hint}"
+                    f"{hint}{f': {why}' if why else ''}"
                 ) from None
             raise RunFailure(
                 f"{self.who} of run {self.run}: "
