@@ -178,8 +178,13 @@ def run_command(
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
-    except OSError as exc:
-        raise ConfigError(f"cannot start `{shown}`: {exc.strerror or exc}") from None
+    except OSError as exc:  # after its place was given: the run hears it, as of a crash
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT and os.path.exists(command[0]):
+            why += " (the interpreter its #! line names?)"
+        line = f"worker {worker}: cannot start `{shown}`: {why}"
+        report_failure(redis_url, run, worker, line)
+        raise RunFailure(line) from None
     assert proc.stderr is not None
     pump = _Pump(proc.stderr, sys.stderr.buffer)
     pump.start()

@@ -253,3 +253,27 @@ def test_a_process_refused_before_it_joins_takes_no_id(redis_url, tmp_path, mist
         out, err = w.communicate(timeout=120)
         assert w.returncode == 0, err
         assert "finished 20 iterations" in out
+
+
+def test_a_command_that_cannot_start_after_its_place_was_given_fails_it(redis_url, tmp_path):
+    """Fault ``bad_shebang``: a script whose #! line names no interpreter passes the check
+    that COMMAND names a program, takes an id, and then cannot start: it said 'No such file
+    or directory' of a file that exists, and the run heard nothing (its place lost in
+    silence). It now names the #! line, tells the run, and the run is failed."""
+    run = f"shebang{os.getpid()}"
+
+    def hopbus(command: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_hopbus(command, "--redis", redis_url, *args), capture_output=True,
+                              text=True, env=_env(), timeout=60, check=False)  # fmt: skip
+
+    p = hopbus("create", "--run", run, "-n", "2", "--model", "script")
+    assert p.returncode == 0, p.stderr
+    script = tmp_path / "train.py"
+    script.write_text("#!/no/such/python\nprint(1)\n")
+    script.chmod(0o755)
+    p = hopbus("worker", "--run", run, "--", str(script))
+    assert p.returncode == 1, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert "cannot start" in line and "(the interpreter its #! line names?)" in line, line
+    snap = hopbus("inspect", "--run", run, "--json")
+    assert json.loads(snap.stdout)["status"] == "failed", snap.stdout
