@@ -98,6 +98,9 @@ def test_numpy_snapshots_are_the_models_own_parameters():
         params = build_model(model, features, classes, hidden=64).init_params(0)
         real = sum(a.nbytes for a in params.values())
         assert snapshot_bytes(make_config({"model": model, "data": data})) == real
+    # fault ``huge_model_sized``: counting built the model first, 75 GiB of weights for this
+    big = make_config({"model": "mlp", "data": "synthetic:10,100000,10", "hidden": 100_000})
+    assert snapshot_bytes(big) == 4 * (100_000 * 100_000 + 100_000 + 100_000 * 10 + 10)
 
 
 def test_tensorflow_snapshots_are_counted_without_tensorflow():
