@@ -13,7 +13,7 @@ from hopbus.topology import analysis
 from hopbus.topology.bounds import GapSetting, bound_matrix, neighbour_bound, table1
 from hopbus.topology.graphs import WEIGHT, build
 
-SPECTRAL_LIMIT = 2000  # dense eigenvalues of W: about 1.5 s at 2000 workers, O(n^3)
+SPECTRAL_LIMIT = 2000  # dense eigenvalues of W: O(n^3), about 4 s at 1000 workers here
 
 
 class NotDoublyStochasticWarning(UserWarning):

@@ -31,9 +31,14 @@ _INT = re.compile(r"[0-9]{1,9}")
 #: ring-based graph, about 7 s at 20,000; twice that for graphs with one-way edges).
 MAX_WORKERS = 20_000
 
-#: The most edges a graph may have (4,000,000: a complete graph of 2,000 workers); every edge
-#: is a networkx edge and, in a run, a token queue.
-MAX_EDGES = 4_000_000
+#: The most edges a graph may have (1,000,000: a complete graph of 1,000 workers, whose report
+#: takes some 12 s); every edge is a networkx edge and, in a run, a token queue. 4,000,000 let
+#: a complete graph of 2,000 workers, or a file of 3,000,000 edges, run for minutes in silence.
+MAX_EDGES = 1_000_000
+
+#: The most steps the Table 1 bounds may take, workers x edges: a breadth-first search from
+#: every worker (about 15 s at this many; a complete graph needs none, its paths are all 1).
+MAX_PATH_WORK = 2_000_000_000
 
 #: Names accepted by :func:`build`, with the one-line meaning shown in ``--help`` and errors.
 NAMES: dict[str, str] = {
@@ -87,6 +92,12 @@ def _require(n: int, least: int, name: str, edges: int = 0) -> None:
         raise TopologyError(
             f"{name} with {n} workers has {edges} edges, more than hopbus handles "
             f"({MAX_EDGES}): every edge is a token queue"
+        )
+    if edges != n * (n - 1) and n * edges > MAX_PATH_WORK:
+        raise TopologyError(
+            f"{name} with {n} workers and {edges} edges is more than hopbus handles: its "
+            f"Table 1 bounds need a breadth-first search from every worker, {n} x {edges} "
+            f"steps (at most {MAX_PATH_WORK:,}: 20,000 workers with 100,000 edges)"
         )
 
 

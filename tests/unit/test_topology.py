@@ -253,6 +253,13 @@ def test_limits_on_workers_and_edges():
     with pytest.raises(TopologyError, match=f"more than hopbus handles \\({MAX_WORKERS}\\)"):
         build("ring", MAX_WORKERS + 1)
     with pytest.raises(TopologyError, match="edges, more than hopbus handles"):
-        build("complete", 2001)
+        build("complete", 1001)  # fault ``silent_big_graph``: 2,000 ran for minutes, silent
+    assert build("complete", 1000).number_of_nodes() == 1000
     with pytest.raises(TopologyError, match="edges, more than hopbus handles"):
         build("hierarchical:1500,1500", None)
+    # a file of 20,000 workers and 150 edges each: 3,000,000 x 20,000 breadth-first steps
+    from hopbus.topology.graphs import MAX_PATH_WORK, _require
+
+    with pytest.raises(TopologyError, match="x 150000 steps"):
+        _require(20_000, 2, "file:big", 150_000)
+    _require(20_000, 2, "file:big", MAX_PATH_WORK // 20_000)
