@@ -6,9 +6,12 @@ block forever), at most ``MAX_BYTES``, and only as UTF-8 text.
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
-from hopbus.errors import UserError
+from hopbus.errors import ConfigError, UserError
 
 MAX_BYTES = 64 * 1024 * 1024  # far beyond any real edge list or config
 
@@ -43,3 +46,26 @@ def read_text(path: str | Path, what: str, error: type[UserError] = UserError) -
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"cannot read {what} {shown!r}: not UTF-8 text") from None
+
+
+def check_output(out: Path, flag: str, inputs: Iterable[Path]) -> None:
+    """One line if the file a command is to write at ``out`` is one of the files it reads
+    (``inputs``, through any path or link: plot --out the run's metrics.jsonl, sim --trace its
+    --config, both replaced by what was read from them), or a FIFO (whose open waits for a
+    reader forever)."""
+    try:
+        mode = out.stat().st_mode
+    except OSError:
+        return  # a new file (or one the write will say it cannot make)
+    if stat.S_ISFIFO(mode):
+        raise ConfigError(f"{flag} {str(out)!r} is a named pipe: give a file")
+    for p in inputs:
+        try:
+            same = os.path.samefile(out, p)
+        except OSError:
+            continue  # an input that is not there
+        if same:
+            also = "" if out == p else f" ({str(p)!r})"
+            raise ConfigError(
+                f"{flag} {str(out)!r} is a file this command reads{also}: write elsewhere"
+            )

@@ -15,6 +15,7 @@ from hopbus.cli import options as o
 from hopbus.cli import render
 from hopbus.errors import ConfigError
 from hopbus.jsonout import dumps
+from hopbus.userfiles import check_output
 
 
 def _no_type_for_flags() -> None:
@@ -107,6 +108,17 @@ def topology_cmd(
         render.topology(Console(), rep)
 
 
+def _read_by(cfg: Any, config: Path | None) -> list[Path]:
+    """The files a simulation reads: its --config, a topology file, svmlight data."""
+    read = [config] if config is not None else []
+    if cfg.topology.startswith("file:"):
+        read.append(Path(cfg.topology[len("file:") :]))
+    kind, _, paths = cfg.data.partition(":")
+    if kind.strip().lower() == "svmlight":
+        read += [Path(p) for p in paths.split(",") if p]
+    return read
+
+
 @app.command("sim")
 def sim_cmd(
     workers: o.Workers = None,
@@ -163,6 +175,7 @@ def sim_cmd(
                     "--trace needs a file path ('-' for standard output is not "
                     "supported: the summary goes there)"
                 )
+            check_output(trace, "--trace", _read_by(cfg, config))
             try:
                 out = stack.enter_context(trace.open("w"))
             except OSError as exc:

@@ -18,7 +18,7 @@ from hopbus.cli.commands import app
 from hopbus.coord.read import text
 from hopbus.errors import ConfigError
 from hopbus.experiments.runner import RESULTS
-from hopbus.userfiles import read_text
+from hopbus.userfiles import check_output, read_text
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -147,6 +147,8 @@ def _output(out: Path | None, path: Path) -> Path:
             f"{str(out)!r} is a link or not a regular file: the plot replaces it; move it away "
             "or give --out another file"
         )
+    read = ("metrics.jsonl", "summary.json", "results.json", "config.toml")
+    check_output(out, "--out", [path / name for name in read])
     return out
 
 

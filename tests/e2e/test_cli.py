@@ -164,6 +164,19 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
     assert "Traceback" not in p.stderr
 
 
+def test_a_trace_over_an_input_or_into_a_pipe_is_refused(tmp_path):
+    """Faults ``trace_over_its_config`` (the trace replaced the --config it was read from)
+    and ``trace_fifo`` (opening a named pipe for writing waited for a reader forever)."""
+    config = tmp_path / "run.toml"
+    config.write_text("workers = 3\n")
+    p = hopbus("sim", "-k", "3", "--config", str(config), "--trace", str(config))
+    assert p.returncode == 2 and "is a file this command reads" in p.stderr, p.stderr
+    assert config.read_text() == "workers = 3\n"
+    os.mkfifo(tmp_path / "pipe")
+    p = hopbus("sim", "-n", "3", "-k", "3", "--trace", str(tmp_path / "pipe"))
+    assert p.returncode == 2 and "is a named pipe" in p.stderr, p.stderr
+
+
 def test_bad_input_writes_nothing(tmp_path):
     trace = tmp_path / "trace.jsonl"
     p = hopbus("sim", "--mode", "backup", "--max-ig", "0", "--trace", str(trace))

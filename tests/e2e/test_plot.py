@@ -145,6 +145,8 @@ def test_help_says_what_the_panels_show():
         ("summary-fifo", "summary.json': is not a regular file"),
         ("name-too-long", "File name too long"),  # was "cannot write output", status 1
         ("linked-plot", "plot.png' is a link or not a regular file"),  # written through
+        # fault ``plot_over_its_input``: a PNG replaced the run's metrics
+        ("out-is-metrics", "metrics.jsonl' is a file this command reads: write elsewhere"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -156,7 +158,8 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         path.mkdir()
         text = '{"runs": [' if case == "bad-results" else '{"runs": [{"group": "g"}]}'
         (path / "results.json").write_text(text)
-    elif case in ("bad-summary", "deep-summary", "group-of-a-run", "out-in-no-folder"):
+    elif case in ("bad-summary", "deep-summary", "group-of-a-run", "out-in-no-folder",
+                  "out-is-metrics"):  # fmt: skip
         _copy(run_folder, path)
         if case == "bad-summary":
             (path / "summary.json").write_text('{"wall_s": ')
@@ -165,6 +168,7 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         args = {
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
+            "out-is-metrics": ["-o", str(path / "metrics.jsonl")],
         }.get(case, [])
     elif case.startswith(("metrics-", "summary-")):  # ``endless_metrics``, ``metrics_fifo``
         _copy(run_folder, path)
@@ -198,5 +202,7 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         assert line.endswith("its groups: g1, g2")
     if case == "linked-plot":
         assert (tmp_path / "victim.txt").read_text() == "not a plot"
+    elif case == "out-is-metrics":
+        assert (path / "metrics.jsonl").read_text() == (run_folder / "metrics.jsonl").read_text()
     elif case != "name-too-long":  # where no file can be
         assert not (path / "plot.png").exists()
