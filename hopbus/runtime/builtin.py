@@ -28,8 +28,8 @@ from hopbus.models.custom import is_callable_spec, is_keras_model
 from hopbus.runtime import checkpoint
 from hopbus.runtime.checkpoint import CheckpointError
 from hopbus.runtime.compute import Trainer, eval_subset
-from hopbus.runtime.figures import scored
 from hopbus.runtime.node import redis_failures
+from hopbus.runtime.reported import scored
 from hopbus.runtime.worker import Worker
 from hopbus.transport import layout_of
 

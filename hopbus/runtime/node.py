@@ -42,8 +42,8 @@ from hopbus.runtime import env as envvars
 from hopbus.runtime.address import advertised
 from hopbus.runtime.compute import Trainer
 from hopbus.runtime.faults import Faults
-from hopbus.runtime.figures import entry_figures, scored
 from hopbus.runtime.own_code import require_given
+from hopbus.runtime.reported import entry_figures, scored
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.topology import Topology
 from hopbus.transport import CurveKeys, Inbox, Message, Outbox, TransportError, Validator

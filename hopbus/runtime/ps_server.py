@@ -20,8 +20,8 @@ from hopbus.baselines.ps import Core, make_core
 from hopbus.errors import ConfigError
 from hopbus.modes import Family
 from hopbus.runtime.compute import Trainer
-from hopbus.runtime.figures import scored
 from hopbus.runtime.node import Node
+from hopbus.runtime.reported import scored
 from hopbus.transport import KIND_GRAD, KIND_PARAMS, Message, Params, Validator, encode, layout_of
 
 PUSH_HWM = 4  # a worker never has more than one push outstanding

@@ -56,8 +56,8 @@ from hopbus.protocol.effects import (
 )
 from hopbus.protocol.worker import worker_loop
 from hopbus.runtime.compute import paced
-from hopbus.runtime.figures import UsageError, figure
 from hopbus.runtime.node import LOOK_S
+from hopbus.runtime.reported import UsageError, figure
 from hopbus.runtime.tensorboard import ScalarWriter, step_scalars
 from hopbus.runtime.worker import Worker
 from hopbus.transport import ALLOWED_DTYPES, Layout, Params, encode_ack, layout_of

@@ -52,7 +52,7 @@ def test_what_has_no_rows_is_one_line():
 def test_a_figure_beyond_any_float_is_one_line():
     """Fault ``huge_loss``: ``ctx.end(new, loss=10**400)`` ended in an OverflowError
     traceback; a string loss already got one line."""
-    from hopbus.runtime.figures import figure as _figure
+    from hopbus.runtime.reported import figure as _figure
 
     with pytest.raises(UserError, match=r"^end\(\): loss is an integer beyond any float's range$"):
         _figure("end()", "loss", 10**400)
@@ -97,9 +97,9 @@ def test_the_writer_lets_through_what_the_progress_reader_takes():
     accuracy of 5, or an infinite one, into a progress entry; the reader refused that entry
     and then every later step of the worker, as forged. The writer now refuses exactly what
     the reader would (coord/read.accuracy), naming evaluate(); NaN passes both."""
-    from hopbus.runtime.figures import entry_figures, scored
-    from hopbus.runtime.figures import figure as _figure
     from hopbus.runtime.progress import parse_entry
+    from hopbus.runtime.reported import entry_figures, scored
+    from hopbus.runtime.reported import figure as _figure
 
     for value in (0.0, 0.5, 1.0, float("nan"), 5.0, float("inf"), -0.1):
         fields = {b"worker": b"0", b"iter": b"3", b"eval_accuracy": repr(value).encode()}

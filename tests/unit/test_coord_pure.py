@@ -217,7 +217,7 @@ def test_a_report_with_a_field_of_the_wrong_type_is_nobodys():
         {"sketch_exact": 1},
         {"cpu_s": True},
         {"messages": 10**400},
-        {"final_accuracy": 92.9},  # a percentage: no worker reports one (runtime/figures.py)
+        {"final_accuracy": 92.9},  # a percentage: no worker reports one (runtime/reported.py)
     ):  # fmt: skip (a float of it overflows)
         assert judge({**good, **bad}) is None, bad
     # non-finite numbers (1e400 in the JSON reads as inf): no writer of a report makes them
