@@ -95,7 +95,23 @@ class WorkerClass:
             raise ConfigError(f"--class {spec!r}: a class has at least 1 worker")
         if not 0.01 <= cpus <= 1024:
             raise ConfigError(f"--class {spec!r}: CPUS is between 0.01 and 1024 cores")
+        if memory is not None and not MIN_MEMORY <= _bytes(memory) <= MAX_MEMORY:
+            raise ConfigError(  # docker refuses less than 6 MB, and 0 would mean no limit
+                f"--class {spec!r}: MEMORY is between 64m and 65536g (a k, m or g suffix, or bytes)"
+            )
         return cls(name, count, cpus, memory)
+
+
+MIN_MEMORY = 64 << 20  # a worker's Python and numpy alone take more
+MAX_MEMORY = 64 << 40
+
+
+def _bytes(memory: str) -> int:
+    """``2g`` as bytes (docker's suffixes: b, k, m, g; none is bytes)."""
+    scale = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    if memory[-1] in scale:
+        return int(memory[:-1]) * scale[memory[-1]]
+    return int(memory)
 
 
 def _settings(run: str | None, *, swarm: bool) -> dict[str, str]:
@@ -135,11 +151,12 @@ def _hopbus(
     service["entrypoint"] = ["hopbus-entry", command]
     service["command"] = args
     env = _settings(run, swarm=swarm)
-    volumes = []
+    volumes: list[Any] = []
     if code is not None:
         env["PYTHONPATH"] = CODE
         env.update(own or {})
-        volumes.append(f"{code}:{CODE}:ro")
+        # the long form: a host path with a colon or a space is one path, not a volume spec
+        volumes.append({"type": "bind", "source": code, "target": CODE, "read_only": True})
     if results:
         env["HOPBUS_RESULTS"] = RESULTS
         volumes.append(f"results:{RESULTS}")
@@ -340,6 +357,8 @@ def generate_cmd(**params: Any) -> None:
     cfg, _, _ = check_inputs(o.resolve(None, given, TrainConfig), load=False)  # type: ignore[arg-type]
     if code is None and own:
         code = "../examples"
+    if code is not None and not code.strip():
+        raise ConfigError("--code: no folder given (the host folder of your modules)")
     flags: list[str] = []
     for field, value in given.items():
         if value is not None and field not in LEAVES_OUT[1:]:

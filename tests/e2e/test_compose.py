@@ -147,6 +147,15 @@ def test_generate_mixes_cpu_and_gpu_workers_one_device_each():
     assert compose["configs"] == yaml.safe_load(COMPOSE.read_text())["configs"]
 
 
+def test_a_code_folder_with_a_colon_is_one_path():
+    """Fault ``colon_in_code_path``: the volume was written 'HOST:/home/hopbus/code:ro', so a
+    host folder 'my: code' made a spec docker splits at its colons; the long form keeps it."""
+    compose = _generated("--cpu", "2", "--model", "m:model", "--code", "my: code")
+    (volume,) = [v for v in compose["services"]["init"]["volumes"] if isinstance(v, dict)]
+    assert volume == {"type": "bind", "source": "my: code", "target": "/home/hopbus/code",
+                      "read_only": True}  # fmt: skip
+
+
 def test_worker_classes_get_their_cpu_quota_and_memory():
     compose = _generated("--class", "fast:3:1.0", "--class", "slow:1:0.25:2g")
     _check_services(compose)
@@ -207,6 +216,11 @@ def test_a_run_id_given_is_written_into_the_file():
         (["--class", "cpu:2:1"], "is taken"),
         (["--class", "a:2:1", "--class", "a:1:1"], "given twice"),
         (["--class", "a:2:0"], "between 0.01"),
+        # faults ``memory_docker_refuses`` (0 is no limit, 1b less than docker takes) and
+        # ``empty_code_folder`` (a volume of ':/home/hopbus/code:ro')
+        (["--class", "a:2:1:0"], "MEMORY is between 64m"),
+        (["--class", "a:2:1:1b"], "MEMORY is between 64m"),
+        (["--cpu", "2", "--code", ""], "--code: no folder given"),
         (["--cpu", "2", "--run", "no/slash"], "run id"),
         (["--cpu", "2", "--model", "script"], "the stack's workers run hopbus's own worker"),
     ],
