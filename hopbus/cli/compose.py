@@ -351,6 +351,13 @@ def generate_cmd(**params: Any) -> None:
             "your model as --model MODULE:FUNCTION (its file in the --code folder), or start "
             "your script with hopbus worker --run R -- COMMAND in containers of your own"
         )
+    topology = given.get("topology")
+    if isinstance(topology, str) and topology.strip().startswith("file:"):  # init reads it
+        raise ConfigError(  # in its container, where this host's path is not
+            f"--topology {topology!r}: the stack's init container cannot read a file of this "
+            "machine: a stack runs the built-in graphs (ring, ring-based, double-ring, "
+            "complete, hierarchical:A,B,...)"
+        )
     own = any(v is not None and is_callable_spec(v) for v in (given["model"], given["data"]))
     # the model and data are built where the workers run (init's hopbus create checks them):
     # this host needs neither TensorFlow nor the user's modules

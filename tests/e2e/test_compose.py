@@ -221,6 +221,8 @@ def test_a_run_id_given_is_written_into_the_file():
         (["--class", "a:2:1:0"], "MEMORY is between 64m"),
         (["--class", "a:2:1:1b"], "MEMORY is between 64m"),
         (["--cpu", "2", "--code", ""], "--code: no folder given"),
+        # fault ``stack_file_topology``: init was told a path of this host, not mounted there
+        (["--cpu", "3", "--topology", "file:graph.txt"], "a stack runs the built-in graphs"),
         (["--cpu", "2", "--run", "no/slash"], "run id"),
         (["--cpu", "2", "--model", "script"], "the stack's workers run hopbus's own worker"),
     ],
