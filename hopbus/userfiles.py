@@ -43,29 +43,50 @@ def read_text(path: str | Path, what: str, error: type[UserError] = UserError) -
     except OSError as exc:
         raise error(f"cannot read {what} {shown!r}: {exc.strerror or exc}") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark some editors write: not text
     except UnicodeDecodeError:
         raise error(f"cannot read {what} {shown!r}: not UTF-8 text") from None
 
 
-def check_output(out: Path, flag: str, inputs: Iterable[Path]) -> None:
+def check_output(
+    out: Path, flag: str, inputs: Iterable[Path], tree: tuple[Path, Iterable[str]] | None = None
+) -> None:
     """One line if the file a command is to write at ``out`` is one of the files it reads
-    (``inputs``, through any path or link: plot --out the run's metrics.jsonl, sim --trace its
-    --config, both replaced by what was read from them), or a FIFO (whose open waits for a
-    reader forever)."""
+    (``inputs``, through any path or link; ``tree`` = (folder, names): any file of those names
+    in that folder's tree, as an experiment's plot reads each run's): plot --out a run's
+    metrics.jsonl, sim --trace its --config, both replaced by what was read from them. Or a
+    pipe no process reads (its open would wait for one forever)."""
     try:
         mode = out.stat().st_mode
     except OSError:
         return  # a new file (or one the write will say it cannot make)
-    if stat.S_ISFIFO(mode):
-        raise ConfigError(f"{flag} {str(out)!r} is a named pipe: give a file")
-    for p in inputs:
+    if stat.S_ISFIFO(mode):  # a pipe with a reader (>(wc -l), a piped /dev/stderr) is fine
         try:
-            same = os.path.samefile(out, p)
-        except OSError:
-            continue  # an input that is not there
-        if same:
-            also = "" if out == p else f" ({str(p)!r})"
+            os.close(os.open(out, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: no process reads it
             raise ConfigError(
-                f"{flag} {str(out)!r} is a file this command reads{also}: write elsewhere"
-            )
+                f"{flag} {str(out)!r} is a pipe no process reads: give a file"
+            ) from None
+    read = [p for p in inputs if _same(out, p)]
+    if tree is not None and out.name in tree[1] and _inside(out, tree[0]):
+        read.append(out)
+    if read:
+        also = "" if read[0] == out else f" ({str(read[0])!r})"
+        raise ConfigError(
+            f"{flag} {str(out)!r} is a file this command reads{also}: write elsewhere"
+        )
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one that is not there
+        return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` lies in ``folder``'s tree (both resolved)."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False

@@ -116,6 +116,8 @@ def _read_by(cfg: Any, config: Path | None) -> list[Path]:
     kind, _, paths = cfg.data.partition(":")
     if kind.strip().lower() == "svmlight":
         read += [Path(p) for p in paths.split(",") if p]
+    elif kind.endswith(".py"):  # --data FILE.py:FUNCTION
+        read.append(Path(kind))
     return read
 
 

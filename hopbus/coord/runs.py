@@ -177,9 +177,8 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
     was stopped, ``running`` while some node's heartbeat is alive, or, before any of them
     started, the heartbeat of the hopbus train or launch that starts them (``keys.launcher``:
     its workers may be loading),
-    ``failed`` too when nothing beats any more and a node said it failed (``said_why``: a
-    worker that gave up waiting for one that never came, or one that could not start its
-    command), ``abandoned``
+    ``failed`` too when it started but nothing beats any more and a node said it failed
+    (``said_why``: a worker that gave up waiting for one that never came), ``abandoned``
     when it started (a counter, or a registered endpoint) and nothing beats any more and no
     node failed (a killed launcher's workers, interrupted with it), otherwise the recorded
     status (``starting``: created, no worker came yet; or ``stopped`` after Ctrl-C)."""
@@ -223,10 +222,10 @@ def run_status(client: redis.Redis, keys: RunKeys, workers: int, iterations: int
         return "running"
     if recorded == "stopped":
         return recorded
-    said = said_why(client, keys, workers + 1).values()
-    if any(kind == "error" for kind, _ in said):  # before it started too: a worker given its
-        return "failed"  # place that could not start its command (hopbus watch fails it too)
-    return "abandoned" if started or recorded == "running" else recorded
+    if started or recorded == "running":
+        said = said_why(client, keys, workers + 1).values()
+        return "failed" if any(kind == "error" for kind, _ in said) else "abandoned"
+    return recorded
 
 
 def said_why(client: redis.Redis, keys: RunKeys, nodes: int) -> dict[int, tuple[str, str]]:

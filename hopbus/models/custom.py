@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hopbus.errors import ConfigError
+from hopbus.errors import ConfigError, UserError
 from hopbus.models.quiet import native_notices_hidden
+from hopbus.runtime.reported import scored
 
 SCRIPT = "script"
 """The model (and data) of a run whose workers run a user's script (``hopbus launch``): the
@@ -325,11 +326,12 @@ def _answer(model: Any, method: str, spec: str, *args: Any) -> Any:
         raise ConfigError(f"--model {spec!r}: its {method}() raised {_first_line(exc)}") from None
 
 
-def _a_number(value: Any) -> bool:
+def _a_number(value: Any, *, finite: bool = True) -> bool:
     try:
-        return not isinstance(value, bool) and math.isfinite(float(value))
+        x = float(value)
     except (TypeError, ValueError, OverflowError):
         return False
+    return not isinstance(value, bool) and (math.isfinite(x) or not finite)
 
 
 def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
@@ -373,15 +375,19 @@ def check_numpy_model(model: Any, spec: str, seed: int, x: Any, y: Any) -> None:
                 step, f"{kind_of(grads[name])} as the gradient of {name!r}: expected float ones"
             )
     evaluate = "evaluate(params, x, y)"
-    scored = _answer(model, "evaluate", spec, params, x, y)
-    if not isinstance(scored, tuple | list) or len(scored) != 2:
-        raise refused(evaluate, f"{kind_of(scored)}: expected (loss, accuracy), two numbers")
-    for what, value in zip(("loss", "accuracy"), scored, strict=True):
-        if value is not None and not _a_number(value):
+    got = _answer(model, "evaluate", spec, params, x, y)
+    try:
+        loss, accuracy = got  # any pair, as the workers take it (runtime/reported.scored)
+    except (TypeError, ValueError):
+        raise refused(evaluate, f"{kind_of(got)}: expected (loss, accuracy), two numbers") from None
+    for what, value in (("loss", loss), ("accuracy", accuracy)):
+        if value is not None and not _a_number(value, finite=False):
             raise refused(evaluate, f"{kind_of(value)} as its {what}: expected a number")
-    accuracy = scored[1]
-    if accuracy is not None and not 0.0 <= float(accuracy) <= 1.0:
-        raise refused(evaluate, f"an accuracy of {float(accuracy):g}: expected one in [0, 1]")
+    try:
+        scored((loss, accuracy))
+    except UserError as exc:  # an accuracy that is no fraction: the workers' own line
+        said = str(exc).removeprefix("evaluate(): ")
+        raise ConfigError(f"--model {spec!r}: {evaluate}: {said}") from None
 
 
 NOT_BUILT = (

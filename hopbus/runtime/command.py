@@ -32,7 +32,7 @@ from hopbus.coord import read
 from hopbus.coord.broker import _die_with_parent
 from hopbus.coord.client import connect, quick
 from hopbus.coord.control import taken
-from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, RunKeys
+from hopbus.coord.keys import INTERRUPTED, INTERRUPTED_LINE, JOIN_FAILED, RunKeys
 from hopbus.coord.runs import RunStateError, join_worker, said_why
 from hopbus.errors import ConfigError, RunFailure
 from hopbus.runtime import env
@@ -178,12 +178,12 @@ def run_command(
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
-    except OSError as exc:  # after its place was given: the run hears it, as of a crash
-        why = exc.strerror or str(exc)
-        if exc.errno == errno.ENOENT and os.path.exists(command[0]):
-            why += " (the interpreter its #! line names?)"
+    except OSError as exc:  # its place given, not taken: the run hears it as of a built-in
+        why = exc.strerror or str(exc)  # worker that failed before taking it (JOIN_FAILED: a
+        if exc.errno == errno.ENOENT and os.path.exists(command[0]):  # process started with
+            why += " (the interpreter its #! line names?)"  # --id may take it still)
         line = f"worker {worker}: cannot start `{shown}`: {why}"
-        report_failure(redis_url, run, worker, line)
+        report_failure(redis_url, run, worker, line, kind=JOIN_FAILED)
         raise RunFailure(line) from None
     assert proc.stderr is not None
     pump = _Pump(proc.stderr, sys.stderr.buffer)

@@ -20,6 +20,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper already (Linux; False elsewhere)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        flag = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0:
+            return bool(flag.value)
+    return False
 
 
 def become_subreaper(on: bool = True) -> bool:
@@ -50,7 +63,8 @@ def leftovers_stopped(whose: str, grace_s: float) -> Iterator[None]:
     is a subreaper meanwhile, so a daemon that left its session is found too. Those running
     before the block (an embedded redis-server) are not touched."""
     before = set(descendants())
-    took = become_subreaper()
+    was = is_subreaper()  # a process of the API's user may be one already: it stays so
+    took = not was and become_subreaper()
     try:
         yield
     finally:
@@ -59,9 +73,7 @@ def leftovers_stopped(whose: str, grace_s: float) -> Iterator[None]:
         new = lambda: [p for p in descendants() if p not in before]  # noqa: E731
         names = {pid: command_line(pid) for pid in new()}
         left = _stop(new, grace_s, reap=False)
-        for pid in left:  # its own children (re-parented ones too) leave the process table
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
+        _reap_these(left)
         if left:
             print(
                 f"hopbus: stopped {len(left)} process{'es' * (len(left) > 1)} that {whose} "
@@ -185,6 +197,23 @@ def _stop(find: Callable[[], list[int]], grace_s: float, *, reap: bool) -> list[
         time.sleep(0.05 if left else 0.0)  # SIGKILL is not instant; reap what it ended
         _reap()
     return found
+
+
+def _reap_these(pids: list[int], wait_s: float = 1.0) -> None:
+    """Collect the exit status of those of ``pids`` that are this process's children (a
+    SIGKILL takes a moment), so that they leave the process table; others are not ours."""
+    todo = set(pids)
+    deadline = time.monotonic() + wait_s
+    while todo:
+        for pid in list(todo):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    todo.discard(pid)
+            except (ChildProcessError, OSError):  # not a child of this process
+                todo.discard(pid)
+        if not todo or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)  # polling: a killed child's status comes within milliseconds
 
 
 def _kill(pids: list[int]) -> None:

@@ -95,6 +95,9 @@ def snapshot_bytes(cfg: RunConfig) -> int:
     if cfg.model in TF_MODELS:
         shape, _ = image_shape(cfg.model, features)
         return tf_parameters(cfg.model, shape, classes) * FLOAT32
+    from hopbus.models import build_model
+
+    build_model(cfg.model, features, classes, hidden=cfg.hidden)  # its checks (no weights yet)
     return numpy_parameters(cfg.model, features, classes, cfg.hidden) * FLOAT32
 
 

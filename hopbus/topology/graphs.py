@@ -11,6 +11,7 @@ Nothing here moves bytes. The runtime and the simulator only ever read these gra
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -214,15 +215,24 @@ def from_edge_lines(lines: Iterable[str], origin: str = "edge list") -> nx.DiGra
         a, b = int(parts[0]), int(parts[1])
         if len(parts) == 3:
             try:
-                w = float(parts[2])
+                w = float(parts[2]) if parts[2].isascii() else math.nan  # not '٠.5'
             except ValueError:
-                raise TopologyError(f"{where}: the weight must be a number") from None
+                w = math.nan
+            if math.isnan(w):
+                raise TopologyError(f"{where}: the weight must be a number")
             if not 0 < w <= 1:
                 raise TopologyError(f"{where}: weight must be in (0, 1], got {parts[2]!r}")
+            if g.has_edge(a, b):  # which weight would count? (the last did, silently)
+                raise TopologyError(f"{where}: edge {a} -> {b} is given a weight twice")
             g.add_edge(a, b, **{WEIGHT: w})
         else:
             g.add_edge(a, b)
         weighted.append(len(parts) == 3)
+        if len(weighted) > MAX_EDGES + MAX_WORKERS:  # edges and self-loops: refused before
+            raise TopologyError(  # the rest of a file of millions is read (_require's limit)
+                f"{origin}: more than {MAX_EDGES} edges, more than hopbus handles: every edge "
+                "is a token queue"
+            )
     if g.number_of_nodes() == 0:
         raise TopologyError(f"{origin}: no edges")
     n = max(g.nodes) + 1

@@ -272,7 +272,8 @@ class _Numpy:
          "a gradient of 'w' shaped (3,), its parameter (3, 2)"),
         ({"evaluate": lambda s, p, x, y: None}, "evaluate(params, x, y) returned None"),
         ({"evaluate": lambda s, p, x, y: ("low", "high")}, "returned a str as its loss"),
-        ({"evaluate": lambda s, p, x, y: (0.7, 7.5)}, "an accuracy of 7.5: expected one in"),
+        ({"evaluate": lambda s, p, x, y: (0.7, 7.5)},
+         "evaluate(params, x, y): accuracy 7.5 is not a fraction in [0, 1] (a percentage?"),
         ({"loss_and_grad": lambda s, p, x, y: (0.7, {"w": np.ones((3, 2), np.int64),
                                                       "b": np.ones(2, np.float32)})},
          "returned an int64 numpy array as the gradient of 'w': expected float ones"),
@@ -293,6 +294,10 @@ def test_a_numpy_model_that_returns_the_wrong_thing_is_one_line_before_the_run(c
         check_numpy_model(model, "m.py:f", 0, x, y)
     assert said in str(caught.value) and str(caught.value).startswith("--model 'm.py:f': ")
     check_numpy_model(_Numpy(), "m.py:f", 0, x, y)  # the same, as it should be: no refusal
+    # what the workers take is taken here too: an array of two, an accuracy not measured
+    for answer in (np.array([0.7, 0.5]), (0.7, float("nan")), (None, None)):
+        odd = type("Pair", (_Numpy,), {"evaluate": lambda s, p, x, y, a=answer: a})()
+        check_numpy_model(odd, "m.py:f", 0, x, y)
 
 
 def test_what_a_numpy_models_methods_print_goes_to_stderr(capsys):

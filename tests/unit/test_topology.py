@@ -144,6 +144,9 @@ def test_edge_list_parsing():
         (["0 0 0.9", "1 0 0.5", "1 1 1", "0 1 0"], r"must be in \(0, 1\]"),
         (["0 0 0.9", "1 0 0.5", "1 1 0.5", "0 1 0.5"], "sum to 1.4"),
         ([], "no edges"),
+        # faults ``weight_twice`` (the last weight counted, silently) and ``arabic_weight``
+        (["0 0 0.5", "0 1 0.3", "0 1 0.5", "1 0 0.5", "1 1 0.5"], "given a weight twice"),
+        (["0 0 0.5", "0 1 \u0660.5", "1 0 0.5", "1 1 0.5"], "line 2: the weight must be a"),
     ],
 )
 def test_edge_list_errors_say_what_and_where(lines, match):
@@ -158,6 +161,9 @@ def test_edge_file_by_prefix_and_bad_path(tmp_path):
     assert build(str(f), 2).number_of_nodes() == 2
     with pytest.raises(TopologyError, match="cannot read"):
         build(f"file:{tmp_path / 'missing.txt'}", None)
+    # fault ``bom_topology``: an editor's byte-order mark made line 1's ids not integers
+    f.write_bytes(b"\xef\xbb\xbf0 1\n1 0\n")
+    assert build(f"file:{f}", None).number_of_nodes() == 2
 
 
 def test_not_strongly_connected_is_refused_naming_the_pair():
@@ -260,6 +266,10 @@ def test_limits_on_workers_and_edges():
     # a file of 20,000 workers and 150 edges each: 3,000,000 x 20,000 breadth-first steps
     from hopbus.topology.graphs import MAX_PATH_WORK, _require
 
+    # a file of millions of edges is refused as soon as it passed the limit, not once parsed
+    lines = (f"{i % 20_000} {(i + 1) % 20_000}" for i in range(2_000_000))
+    with pytest.raises(TopologyError, match="more than 1000000 edges"):
+        from_edge_lines(lines, origin="big.txt")
     with pytest.raises(TopologyError, match="x 150000 steps"):
         _require(20_000, 2, "file:big", 150_000)
     _require(20_000, 2, "file:big", MAX_PATH_WORK // 20_000)
