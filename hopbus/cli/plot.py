@@ -23,6 +23,7 @@ from hopbus.userfiles import check_output, read_text
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 DEFAULT_NAME = "plot.png"
+FORMATS = ("", ".png", ".pdf", ".svg")  # by --out's suffix (none: PNG)
 
 
 def _read_json(path: Path) -> Any:
@@ -140,6 +141,8 @@ def _output(out: Path | None, path: Path) -> Path:
     out = out if out is not None else path / DEFAULT_NAME
     if out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a folder; give a file name (e.g. plot.png)")
+    if out.suffix.lower() not in FORMATS:  # a .pdf got PNG bytes, a .txt too
+        raise ConfigError(f"--out {str(out)!r}: a plot is a .png, .pdf or .svg file")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {str(out)!r}: folder {str(out.parent)!r} does not exist")
     if out.is_symlink() or (out.exists() and not out.is_file()):  # a folder's plot.png linked
@@ -168,7 +171,8 @@ def plot_cmd(
         typer.Option(
             "--out",
             "-o",
-            help="The PNG to write. [default: PATH/plot.png]",
+            help="The figure to write: PNG, or PDF or SVG by the name's suffix. "
+            "[default: PATH/plot.png]",
             metavar="FILE.png",
             show_default=False,
         ),

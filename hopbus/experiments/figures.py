@@ -475,7 +475,7 @@ def overview_figure(series: list[Series], path: Path, *, title: str) -> Path:
         finish_panel([ax], panel)
     _legend(fig, handles)
     fig.suptitle(_fit(title, 11.0, 12))  # beside the legend
-    fig.savefig(path, dpi=DPI, format="png")
+    fig.savefig(path, dpi=DPI, format=path.suffix[1:].lower() or "png")  # (plot.FORMATS)
     return path
 
 

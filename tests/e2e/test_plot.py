@@ -77,6 +77,17 @@ def test_a_run_folder_is_one_png_next_to_it(run_folder):
     assert p.stderr.count("\n") == 1  # nothing else to say
 
 
+def test_the_figure_is_of_the_format_its_name_says(run_folder, tmp_path):
+    """Fault ``pdf_of_png_bytes``: --out x.pdf (or x.txt) got PNG bytes."""
+    for name, magic in (("p.pdf", b"%PDF"), ("p.svg", b"<?xml"), ("p", b"\x89PNG")):
+        p = hopbus("plot", str(run_folder), "--out", str(tmp_path / name))
+        assert p.returncode == 0, p.stderr
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    p = hopbus("plot", str(run_folder), "--out", str(tmp_path / "p.txt"))
+    assert p.returncode == 2 and "a plot is a .png, .pdf or .svg file" in p.stderr
+    assert not (tmp_path / "p.txt").exists()
+
+
 def test_the_replayed_curves_agree_with_the_runs_summary(run_folder):
     summary = json.loads((run_folder / "summary.json").read_text())
     entries = read_metrics(run_folder / "metrics.jsonl")
@@ -145,8 +156,10 @@ def test_help_says_what_the_panels_show():
         ("summary-fifo", "summary.json': is not a regular file"),
         ("name-too-long", "File name too long"),  # was "cannot write output", status 1
         ("linked-plot", "plot.png' is a link or not a regular file"),  # written through
-        # fault ``plot_over_its_input``: a PNG replaced the run's metrics
-        ("out-is-metrics", "metrics.jsonl' is a file this command reads: write elsewhere"),
+        # fault ``plot_over_its_input``: a PNG replaced the run's metrics (a name of another
+        # suffix than a figure's is refused; a link to them of a figure's name, below)
+        ("out-is-metrics", "metrics.jsonl': a plot is a .png, .pdf or .svg file"),
+        ("out-links-metrics", "is a file this command reads ("),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
@@ -159,7 +172,7 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         text = '{"runs": [' if case == "bad-results" else '{"runs": [{"group": "g"}]}'
         (path / "results.json").write_text(text)
     elif case in ("bad-summary", "deep-summary", "group-of-a-run", "out-in-no-folder",
-                  "out-is-metrics"):  # fmt: skip
+                  "out-is-metrics", "out-links-metrics"):  # fmt: skip
         _copy(run_folder, path)
         if case == "bad-summary":
             (path / "summary.json").write_text('{"wall_s": ')
@@ -169,7 +182,10 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
             "group-of-a-run": ["--group", "g1"],
             "out-in-no-folder": ["-o", "/no/such/x.png"],
             "out-is-metrics": ["-o", str(path / "metrics.jsonl")],
+            "out-links-metrics": ["-o", str(path / "m.png")],
         }.get(case, [])
+        if case == "out-links-metrics":  # a hard link: the same file by another name
+            os.link(path / "metrics.jsonl", path / "m.png")
     elif case.startswith(("metrics-", "summary-")):  # ``endless_metrics``, ``metrics_fifo``
         _copy(run_folder, path)
         bad = path / ("metrics.jsonl" if case.startswith("metrics-") else "summary.json")
@@ -202,7 +218,7 @@ def test_bad_input_is_one_line_and_status_2(run_folder, tmp_path, case, needle):
         assert line.endswith("its groups: g1, g2")
     if case == "linked-plot":
         assert (tmp_path / "victim.txt").read_text() == "not a plot"
-    elif case == "out-is-metrics":
+    elif case in ("out-is-metrics", "out-links-metrics"):
         assert (path / "metrics.jsonl").read_text() == (run_folder / "metrics.jsonl").read_text()
     elif case != "name-too-long":  # where no file can be
         assert not (path / "plot.png").exists()
