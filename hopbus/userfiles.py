@@ -48,14 +48,11 @@ def read_text(path: str | Path, what: str, error: type[UserError] = UserError) -
         raise error(f"cannot read {what} {shown!r}: not UTF-8 text") from None
 
 
-def check_output(
-    out: Path, flag: str, inputs: Iterable[Path], tree: tuple[Path, Iterable[str]] | None = None
-) -> None:
+def check_output(out: Path, flag: str, inputs: Iterable[Path]) -> None:
     """One line if the file a command is to write at ``out`` is one of the files it reads
-    (``inputs``, through any path or link; ``tree`` = (folder, names): any file of those names
-    in that folder's tree, as an experiment's plot reads each run's): plot --out a run's
-    metrics.jsonl, sim --trace its --config, both replaced by what was read from them. Or a
-    pipe no process reads (its open would wait for one forever)."""
+    (``inputs``, through any path or link): plot --out a hard link to the run's metrics.jsonl,
+    sim --trace its --config, both replaced by what was read from them. Or a pipe no process
+    reads (its open would wait for one forever)."""
     try:
         mode = out.stat().st_mode
     except OSError:
@@ -67,26 +64,16 @@ def check_output(
             raise ConfigError(
                 f"{flag} {str(out)!r} is a pipe no process reads: give a file"
             ) from None
-    read = [p for p in inputs if _same(out, p)]
-    if tree is not None and out.name in tree[1] and _inside(out, tree[0]):
-        read.append(out)
-    if read:
-        also = "" if read[0] == out else f" ({str(read[0])!r})"
-        raise ConfigError(
-            f"{flag} {str(out)!r} is a file this command reads{also}: write elsewhere"
-        )
+    for p in inputs:
+        if _same(out, p):
+            also = "" if p == out else f" ({str(p)!r})"
+            raise ConfigError(
+                f"{flag} {str(out)!r} is a file this command reads{also}: write elsewhere"
+            )
 
 
 def _same(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:  # one that is not there
-        return False
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` lies in ``folder``'s tree (both resolved)."""
-    try:
-        return path.resolve().is_relative_to(folder.resolve())
-    except OSError:
         return False

@@ -109,16 +109,14 @@ def topology_cmd(
 
 
 def _read_by(cfg: Any, config: Path | None) -> list[Path]:
-    """The files a simulation reads: its --config, a topology file, svmlight data."""
+    """The files a simulation reads: its --config, a topology file, its data's files."""
+    from hopbus.data.spec import files_of
+    from hopbus.topology.graphs import edge_file
+
     read = [config] if config is not None else []
-    if cfg.topology.startswith("file:"):
-        read.append(Path(cfg.topology[len("file:") :]))
-    kind, _, paths = cfg.data.partition(":")
-    if kind.strip().lower() == "svmlight":
-        read += [Path(p) for p in paths.split(",") if p]
-    elif kind.endswith(".py"):  # --data FILE.py:FUNCTION
-        read.append(Path(kind))
-    return read
+    if (edges := edge_file(cfg.topology)) is not None:
+        read.append(Path(edges))
+    return read + files_of(cfg.data)
 
 
 @app.command("sim")

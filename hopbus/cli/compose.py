@@ -341,6 +341,7 @@ def generate_cmd(**params: Any) -> None:
     from hopbus.models.custom import SCRIPT, is_callable_spec
     from hopbus.runtime.launcher import check_inputs
     from hopbus.runtime.own_code import given_env
+    from hopbus.topology.graphs import edge_file
 
     if run is not None:
         check_run_id(run)
@@ -352,7 +353,7 @@ def generate_cmd(**params: Any) -> None:
             "your script with hopbus worker --run R -- COMMAND in containers of your own"
         )
     topology = given.get("topology")
-    if isinstance(topology, str) and topology.strip().startswith("file:"):  # init reads it
+    if isinstance(topology, str) and edge_file(topology) is not None:  # init would read it
         raise ConfigError(  # in its container, where this host's path is not
             f"--topology {topology!r}: the stack's init container cannot read a file of this "
             "machine: a stack runs the built-in graphs (ring, ring-based, double-ring, "

@@ -150,8 +150,9 @@ def _output(out: Path | None, path: Path) -> Path:
             f"{str(out)!r} is a link or not a regular file: the plot replaces it; move it away "
             "or give --out another file"
         )
-    read = ("metrics.jsonl", "summary.json", "results.json", "config.toml")  # an experiment's
-    check_output(out, "--out", [path / name for name in read], tree=(path, read))  # runs too
+    # by another name (a hard link): a name with the suffix of what it reads is refused above
+    read = ("metrics.jsonl", "summary.json", "results.json", "config.toml")
+    check_output(out, "--out", [path / name for name in read])
     return out
 
 

@@ -36,6 +36,23 @@ def is_user_data(spec: str) -> bool:
     return kind not in BUILT_IN and is_callable_spec(text)
 
 
+def files_of(spec: str) -> list[Path]:
+    """The files of this machine that ``spec`` reads, by the grammar ``load_dataset`` follows:
+    svmlight's, or a user's FILE.py (a folder, CIFAR-10's, is no file a command writes)."""
+    text = spec.strip()
+    kind, sep, args = text.partition(":")
+    if kind.strip().lower() == "svmlight" and sep:
+        try:
+            return [Path(p) for p in _svmlight_paths(args) if p is not None]
+        except DataError:
+            return []
+    if is_user_data(text):
+        from hopbus.models.custom import user_file
+
+        return [f] if (f := user_file(text)) is not None else []
+    return []
+
+
 def load_dataset(spec: str, seed: int = 0, keep: Keep = None) -> Dataset:
     """The data set ``spec`` names (``seed`` only shapes generated data, never a test split).
     ``keep`` (worker, workers, seed): the files that allow it (svmlight, CIFAR-10) are made

@@ -96,6 +96,12 @@ def is_callable_spec(spec: str) -> bool:
     return SPEC.fullmatch(spec.strip()) is not None
 
 
+def user_file(spec: str) -> Path | None:
+    """The file a FILE.py:FUNCTION spec imports (a MODULE is Python's to find: None)."""
+    m = SPEC.fullmatch(spec.strip())
+    return Path(m["module"]) if m is not None and m["module"].endswith(".py") else None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if text else ""

@@ -281,6 +281,18 @@ def _parse_sizes(spec: str) -> list[int]:
     return [int(s) for s in items]
 
 
+def edge_file(name: str) -> str | None:
+    """The edge file a ``--topology`` string names (``file:PATH``, or the path of a file that
+    is no built-in graph's name), or None: what ``build`` reads, and what a command that
+    writes a file, or a stack whose containers cannot read this host's, looks at."""
+    key = name.strip()
+    if key.startswith("file:"):
+        return key.split(":", 1)[1]
+    if key.startswith("hierarchical:") or key in ("hierarchical", *SIZED):
+        return None
+    return key if Path(key).is_file() else None
+
+
 def build(name: str, n: int | None) -> nx.DiGraph:
     """Build the graph a ``--topology`` string names, for ``n`` workers.
 
@@ -288,18 +300,17 @@ def build(name: str, n: int | None) -> nx.DiGraph:
     fix it they must agree.
     """
     key = name.strip()
+    path = edge_file(key)
     if key.startswith("hierarchical:"):
         g = hierarchical(_parse_sizes(key.split(":", 1)[1]))
     elif key == "hierarchical":
         raise TopologyError("hierarchical needs machine sizes, e.g. --topology hierarchical:4,2,2")
-    elif key.startswith("file:"):
-        g = from_edge_file(key.split(":", 1)[1])
+    elif path is not None:
+        g = from_edge_file(path)
     elif key in SIZED:
         if n is None:
             raise TopologyError(f"{key} needs a number of workers")
         return SIZED[key](n)
-    elif Path(key).is_file():
-        g = from_edge_file(key)
     else:
         choices = ", ".join(NAMES)
         raise TopologyError(f"unknown topology {name!r} (choose from: {choices})")

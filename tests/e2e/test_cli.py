@@ -172,6 +172,10 @@ def test_a_trace_over_an_input_or_into_a_pipe_is_refused(tmp_path):
     p = hopbus("sim", "-k", "3", "--config", str(config), "--trace", str(config))
     assert p.returncode == 2 and "is a file this command reads" in p.stderr, p.stderr
     assert config.read_text() == "workers = 3\n"
+    edges = tmp_path / "ring.txt"  # a topology named by its bare path is read too
+    edges.write_text("0 1\n1 0\n1 2\n2 1\n2 0\n0 2\n")
+    p = hopbus("sim", "-k", "3", "--topology", str(edges), "--trace", str(edges))
+    assert p.returncode == 2 and "is a file this command reads" in p.stderr, p.stderr
     os.mkfifo(tmp_path / "pipe")
     p = hopbus("sim", "-n", "3", "-k", "3", "--trace", str(tmp_path / "pipe"))
     assert p.returncode == 2 and "is a pipe no process reads" in p.stderr, p.stderr
