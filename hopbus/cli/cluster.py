@@ -791,8 +791,8 @@ def clean_cmd(
     try:
         status = status_of(client, keys)  # what its keys say: a run nobody runs any more is not
     except ResponseError as exc:
-        if why := read.refused_because(exc, ""):  # a user without the right: --force too
-            raise ConfigError(f"run {run}: Redis refused ({read.refusal(exc)}): {why}") from None
+        if read.refused_because(exc, ""):  # a user without the right: --force too
+            raise refused_read(client, keys, exc) from None
         if not force:  # a key of the run of another type (WRONGTYPE): its status unknown
             which = _misplaced(client, keys) or "a key of another type than hopbus writes there"
             raise ConfigError(

@@ -23,27 +23,27 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 
 
-def is_subreaper() -> bool:
-    """Whether this process is a child subreaper already (Linux; False elsewhere)."""
+def _prctl(option: int, arg: object) -> bool:
+    """``prctl(option, arg)`` (Linux): whether it succeeded; False where there is no libc."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        flag = ctypes.c_int(0)
-        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0:
-            return bool(flag.value)
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg, 0, 0, 0) == 0
     return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper already (Linux; False elsewhere)."""
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and bool(flag.value)
 
 
 def become_subreaper(on: bool = True) -> bool:
     """Orphaned descendants of this process become its children (Linux), or, ``on=False``,
     no longer do; whether it took."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    return False
+    return _prctl(PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def named(pids: list[int], names: dict[int, str | None]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -258,12 +259,18 @@ def renamed(n_features, n_classes):
 '''
 
 
-def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url, tmp_path):
+@pytest.fixture
+def code(tmp_path) -> Path:
+    """NUMPY_MODELS as a user's file, mine.py (--model and --data FILE.py:FUNCTION)."""
+    path = tmp_path / "mine.py"
+    path.write_text(NUMPY_MODELS)
+    return path
+
+
+def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url, tmp_path, code):
     """--model FILE.py:F with a numpy model of the user's: it trains in every worker; one
     whose gradients are named unlike its parameters is refused before any worker starts
     (fault ``odd_numpy_model``: it failed in the workers, through hopbus's optimizer)."""
-    code = tmp_path / "mine.py"
-    code.write_text(NUMPY_MODELS)
     p, s = train(redis_url, tmp_path / "good", "-n", "2", "--iterations", "40",
                  "--model", f"{code}:good", "--json")  # fmt: skip
     assert p.returncode == 0 and s is not None and s["finished"], p.stderr
@@ -281,13 +288,13 @@ def test_a_numpy_model_of_ones_own_trains_and_a_wrong_one_is_one_line(redis_url,
 
 
 @pytest.mark.parametrize("mode", ["standard", "ps-bsp", "wagma"])
-def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url, tmp_path, mode):
+def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(
+    redis_url, tmp_path, mode, code
+):
     """Fault ``implausible_evaluation``: a --model whose evaluate() returned a percentage once
     trained (or labels of the wrong shape gave an accuracy of 39) had its progress entries
     refused as forged from that evaluation on, the summary cut at that iteration, and the run
     failed in finish(). It now fails at that evaluation, naming evaluate(); nothing refused."""
-    code = tmp_path / "mine.py"
-    code.write_text(NUMPY_MODELS)
     p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "40", "--mode", mode,
                  "--eval-every", "10", "--model", f"{code}:percent", "--json")  # fmt: skip
     assert p.returncode == 1, p.stderr
@@ -297,14 +304,12 @@ def test_a_numpy_model_whose_evaluation_goes_wrong_mid_run_is_one_line(redis_url
     assert s is not None and not s["finished"] and s["iterations"]["min"] >= 9, s
 
 
-def test_user_code_that_prints_below_python_or_exits_is_told_apart(redis_url, tmp_path):
+def test_user_code_that_prints_below_python_or_exits_is_told_apart(redis_url, tmp_path, code):
     """Faults ``fd1_prints`` and ``exit_in_model``: a --data function whose shell child and
     raw writes to descriptor 1 came out on stdout before --json's summary (no longer JSON);
     a --model whose loss_and_grad() called sys.exit(0) mid-run, so its worker exited 0 without
     a report and the launcher blamed a Redis restart. The writes now go to stderr; the exit
     is the worker's failure, naming sys.exit."""
-    code = tmp_path / "mine.py"
-    code.write_text(NUMPY_MODELS)
     # train() parses stdout as JSON
     p, s = train(redis_url, tmp_path / "loud", "-n", "2", "--iterations", "20",
                  "--data", f"{code}:loud")  # fmt: skip
@@ -317,13 +322,11 @@ def test_user_code_that_prints_below_python_or_exits_is_told_apart(redis_url, tm
     assert "restart" not in p.stderr, p.stderr
 
 
-def test_what_user_code_leaves_running_when_train_checks_it_is_stopped(redis_url, tmp_path):
+def test_what_user_code_leaves_running_when_train_checks_it_is_stopped(redis_url, tmp_path, code):
     """Fault ``check_leaves_daemon``: hopbus train calls --data once itself, to check it; a
     daemon that function started (one that left its session) outlived the run, re-parented to
     init. The launcher now stops what the check left, naming it; the workers' own copies go
     with their process trees, as before."""
-    code = tmp_path / "mine.py"
-    code.write_text(NUMPY_MODELS)
     p, s = train(redis_url, tmp_path / "run", "-n", "2", "--iterations", "20",
                  "--data", f"{code}:spawns")  # fmt: skip
     assert p.returncode == 0 and s is not None and s["finished"], p.stderr
