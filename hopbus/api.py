@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import math
 import numbers
 import os
@@ -433,6 +434,12 @@ class Context:
         failing = bool(_ESCAPED) or getattr(sys, "last_value", None) is not None
         try:
             self._leave(report=not failing)
+            # Garbage that only a collection frees goes now, while threads still run: a
+            # tf.data iterator over a Python generator, left mid-epoch when the run ended fit,
+            # lives on in a cycle with Keras's epoch iterator; freed at interpreter shutdown,
+            # it waits for its prefetch thread, which can no longer take the GIL to leave the
+            # generator, and the script hung at exit after its report.
+            gc.collect()
         except Exception as exc:  # leaving: say it, as the excepthook would have
             import logging
 

@@ -181,9 +181,13 @@ if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch
     model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
 if sys.argv[1] == "generator":  # 7 batches of unknown length: each epoch ends as they run out
-    import tensorflow as tf
+    import time, tensorflow as tf
+    def rows():  # slow enough that tf.data's prefetch thread is in here when fit is ended
+        for row in zip(x[:224], y[:224]):
+            time.sleep(0.002)
+            yield row
     spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.int32))
-    data = tf.data.Dataset.from_generator(lambda: zip(x[:224], y[:224]), output_signature=spec)
+    data = tf.data.Dataset.from_generator(rows, output_signature=spec)
     model.fit(data.batch(32), epochs=10, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
 if sys.argv[1] == "noval":  # no validation in fit: the script reports its own figures
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), verbose=0,
@@ -234,7 +238,11 @@ def short_fit(redis_url: str, tmp_path: Path, how: str) -> subprocess.CompletedP
 def test_a_dataset_of_unknown_length_ends_each_epoch_as_it_runs_out(redis_url, tmp_path):
     """Fault ``generator``: a tf.data dataset whose length Keras cannot know ends each epoch
     on a batch that Keras begins and never ends (the data ran out inside its step). The
-    next epoch's first batch is that step (it failed "begin() twice" at the second epoch)."""
+    next epoch's first batch is that step (it failed "begin() twice" at the second epoch).
+    Fault ``exit mid-generator``: the run ends fit mid-epoch, with tf.data's prefetch thread
+    inside the script's slow generator; the iterator, in a cycle with Keras's, died at
+    interpreter shutdown waiting for that thread, which could not take the GIL (the script hung
+    at exit after its report: 3 of 3 times)."""
     p = short_fit(redis_url, tmp_path, "generator")
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "generator" / "summary.json").read_text())
