@@ -78,6 +78,7 @@ def topology_cmd(
             "file:PATH. An edge file has one 'src dst' per line (workers 0..n-1, # comments); "
             "with weights, 'src dst weight' on every edge and a 'v v weight' self-loop for every "
             "worker, each worker's incoming weights summing to 1.",
+            metavar="TOPOLOGY",
             show_default=False,
         ),
     ],

@@ -170,6 +170,23 @@ def wait_iteration(client, keys, worker: int, at: int, timeout: float = 120) -> 
     )
 
 
+def metrics_lines(path: Path) -> list[dict]:
+    """metrics.jsonl's whole lines (a SIGKILLed writer may leave half of one at the end)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def wait_launcher_saw(out: Path, at: int, timeout: float = 120) -> None:
+    """Until the launcher writing to the folder ``out`` has read some worker's entry of
+    iteration ``at`` (it flushes metrics.jsonl after every read): Redis's counters run ahead
+    of what a busy launcher has read."""
+    wait_for(
+        lambda: any(e["iter"] >= at for e in metrics_lines(out / "metrics.jsonl")),
+        timeout,
+        f"the launcher to read iteration {at}",
+    )
+
+
 @contextlib.contextmanager
 def acl_broker(folder: Path, password: str):
     """redis-server with the broker's own config and ACL file (the password added, the port

@@ -12,7 +12,14 @@ import time
 
 import pytest
 import redis
-from cluster import clean_env, hopbus_args, processes_mentioning, train_args, wait_iteration
+from cluster import (
+    clean_env,
+    hopbus_args,
+    processes_mentioning,
+    train_args,
+    wait_iteration,
+    wait_launcher_saw,
+)
 
 from hopbus.coord.broker import EmbeddedRedis
 from hopbus.coord.keys import RunKeys
@@ -74,11 +81,9 @@ def test_redis_that_does_not_come_back_stops_the_run(broker, tmp_path, fault):
     proc = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
-    with redis.Redis.from_url(broker.url) as client:
-        # 15 iterations (at least 0.3 s of compute) past the 30 asserted below: the counter
-        # is Redis's, the summary has what the launcher had read when Redis went (CI once saw
-        # it one entry behind a kill at exactly 30)
-        wait_iteration(client, RunKeys(run), 0, 45)
+    # the summary has what the launcher had read when Redis went, which may be far behind
+    # Redis's counters on a busy machine (CI once saw none read at worker 0's 45th)
+    wait_launcher_saw(tmp_path / "run", 30)
     if fault == "killed":
         broker.proc.send_signal(signal.SIGKILL)
         broker.proc.wait()

@@ -11,7 +11,15 @@ import signal
 import subprocess
 
 import redis
-from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, train_args, wait_for
+from cluster import (
+    clean_env,
+    hopbus,
+    hopbus_args,
+    metrics_lines,
+    processes_mentioning,
+    train_args,
+    wait_for,
+)
 
 from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
@@ -19,12 +27,6 @@ from hopbus.runtime.checkpoint import iterations, newest_complete
 WORKERS = 4
 ITERATIONS = 300  # long enough that the run is still going when the resume is tried
 EVERY = 10
-
-
-def _complete_lines(path) -> list[dict]:
-    """metrics.jsonl's whole lines (a SIGKILLed writer may leave half of one at the end)."""
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
 def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_path):
@@ -59,7 +61,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     wait_for(lambda: not processes_mentioning(run), 15, "the workers to exit")
     c = newest_complete(folder, WORKERS)
     assert c is not None and c >= 40 and c % EVERY == 0 and c < ITERATIONS
-    before = _complete_lines(out / "metrics.jsonl")
+    before = metrics_lines(out / "metrics.jsonl")
     assert not (out / "summary.json").exists()
     assert redis.Redis.from_url(redis_url).hget(RunKeys(run).meta, "status") == b"running"
 
@@ -78,7 +80,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     assert victim.read_text() == "not hopbus's\n"
     (out / "metrics.jsonl").unlink()
     (tmp_path / "metrics.jsonl").rename(out / "metrics.jsonl")
-    assert _complete_lines(out / "metrics.jsonl") == before
+    assert metrics_lines(out / "metrics.jsonl") == before
     # fault ``linked_checkpoints``: a worker's checkpoint folder linked to another run's. The
     # resume took that run's checkpoints, pruned them and wrote its own beside them
     other = tmp_path / "other-run-worker-0"
@@ -140,7 +142,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     # metrics.jsonl kept the first part up to c, lost the abandoned continuation beyond it
     # (as the checkpoints did), and grew by the resumed part, which starts at c + 1 and whose
     # time goes on from the kept part's: one timeline, for hopbus plot
-    after = _complete_lines(out / "metrics.jsonl")
+    after = metrics_lines(out / "metrics.jsonl")
     kept = [e for e in before if e["iter"] <= c]
     assert after[: len(kept)] == kept
     resumed = after[len(kept) :]
@@ -168,7 +170,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     # a finished run has nothing to resume: refused, and its files stay as they are
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
     assert p.returncode == 2 and "finished" in p.stderr and "nothing to resume" in p.stderr
-    assert _complete_lines(out / "metrics.jsonl") == after
+    assert metrics_lines(out / "metrics.jsonl") == after
     # Ctrl-C between the workers' end and the summary: metrics.jsonl tells it finished
     (out / "summary.json").unlink()
     p = hopbus("train", "--resume", str(out), "--redis", redis_url, timeout=60)
