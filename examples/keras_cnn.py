@@ -11,7 +11,7 @@ On CIFAR-10 (a folder holding the python batches data_batch_1..5 and test_batch)
 
 Run alone (python examples/keras_cnn.py --steps 300) it trains the same model on all the data
 for that many steps, for comparison. The model is built without a seed: hopbus starts every
-worker from worker 0's weights. Everything hopbus-specific is the three lines marked "hopbus".
+worker from worker 0's weights. Everything hopbus-specific is on the lines marked "hopbus".
 
 Without a script at all, ``model`` and ``data`` below are what ``--model`` and ``--data`` take
 (hopbus train, hopbus create, compose's MODEL and DATA):
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -115,7 +116,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--steps", type=int, default=300, help="alone: batches to train on")
-    parser.add_argument("--save", metavar="FILE", help="save the final weights (.npz)")
+    parser.add_argument(
+        "--save", metavar="FILE", help="save the final weights (.npz; launched: FILE-WORKER.npz)"
+    )
     parser.add_argument(
         "--cosine", action="store_true", help="decay the rate to 5%% over the run (or --steps)"
     )
@@ -123,11 +126,12 @@ def main() -> None:
 
     x_train, y_train, x_test, y_test = load(args.cifar10)
     ctx = hopbus.join() if hopbus.launched() else None  # hopbus: one worker of the run
+    # hopbus: a schedule over the run's iterations
     steps = (ctx.iterations if ctx else args.steps) if args.cosine else None
     model = build(x_train.shape[1:], int(y_train.max()) + 1, args.lr, steps)
     if ctx:
         x_train, y_train = ctx.shard(x_train, y_train)  # hopbus: its share of the data
-        epochs = ctx.epochs(len(x_train), args.batch_size)
+        epochs = ctx.epochs(len(x_train), args.batch_size)  # hopbus: enough for the run
         callbacks = [hopbus.keras.HopCallback(ctx)]  # hopbus: Hop around every batch
     else:
         epochs = -(-args.steps * args.batch_size // len(x_train))
@@ -143,8 +147,11 @@ def main() -> None:
     )
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     print(f"test loss {loss:.4f}, accuracy {accuracy:.4f}")
-    if args.save:
-        np.savez(args.save, *model.get_weights())
+    if args.save:  # launched: each copy under a name of its own (they share the folder)
+        save = Path(args.save)
+        if ctx:
+            save = save.with_name(f"{save.stem}-{ctx.worker}{save.suffix}")
+        np.savez(save, *model.get_weights())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
         x, y = ctx.shard(x_all, y_all)     # this worker's share of the data
         params = ctx.start(params)         # everyone starts from worker 0's parameters
         while (params := ctx.begin()) is not None:
-            new = my_step(params, x, y)    # any optimizer, any framework: new arrays
+            new, loss = my_step(params, x, y)  # any optimizer, any framework: new arrays
             ctx.end(new, loss=loss)        # Recv, Reduce, Apply, tokens, jumps: Hop's rules
         ctx.finish(loss=test_loss, accuracy=test_accuracy)
 
@@ -30,7 +30,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import numpy as np
@@ -220,6 +220,39 @@ def fit_epochs(samples: int, batch_size: int, validation_split: float, left: int
     return max(1, math.ceil(left / per_epoch))
 
 
+def _not_rows(a: Any, why: str) -> UserError:
+    """``ctx.shard``'s refusal of ``a``: ``why``, or for a tf.data dataset (which has no rows to
+    take by position, and may have no length) how a dataset is split."""
+    kind = type(a)
+    if kind.__module__.startswith("tensorflow") and "Dataset" in kind.__name__:
+        return UserError(
+            f"ctx.shard(): a tf.data {kind.__name__} is split by the dataset itself: "
+            "dataset.shard(ctx.workers, ctx.worker), before its shuffle and batch (or "
+            "ctx.shard() the arrays it is made from)"
+        )
+    return UserError(f"ctx.shard(): {why}")
+
+
+def _free_before_shutdown() -> None:
+    """Free now, while other threads still run, what only a collection would: a tf.data
+    iterator over a Python generator that fit left mid-epoch (the run ended fit, or fit
+    failed) lives on in a cycle with Keras's epoch iterator. Freed at interpreter shutdown, it
+    waits for its prefetch thread, which can no longer take the GIL to leave the generator:
+    the script hung at exit. The exception that ended a failed script holds fit's frame, and
+    so the iterator, through its traceback (sys.last_traceback, and each kept frame's callers
+    even where Keras cut its own frames from it): those frames' locals go first."""
+    exc = getattr(sys, "last_value", None)
+    tb = getattr(sys, "last_traceback", None) or getattr(exc, "__traceback__", None)
+    while tb is not None:
+        frame: FrameType | None = tb.tb_frame
+        while frame is not None:
+            with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+                frame.clear()
+            frame = frame.f_back
+        tb = tb.tb_next
+    gc.collect()
+
+
 def _rows_in(a: Any) -> int:
     """How many rows ``a`` has, for ``ctx.shard``; one line for what has none (a scalar, a
     generator) or whose length is no count of rows (a dict: its keys)."""
@@ -230,9 +263,10 @@ def _rows_in(a: Any) -> int:
     try:
         return len(a)
     except TypeError:
-        raise UserError(
-            f"ctx.shard(): a {type(a).__name__} has no rows to split: give arrays of one "
-            "length (numpy arrays, lists, pandas objects)"
+        raise _not_rows(
+            a,
+            f"a {type(a).__name__} has no rows to split: give arrays of one length (numpy "
+            "arrays, lists, pandas objects)",
         ) from None
 
 
@@ -246,9 +280,10 @@ def _rows_of(a: Any, rows: Any) -> Any:
     try:
         return a[rows]
     except (TypeError, IndexError, KeyError, ValueError):
-        raise UserError(
-            f"ctx.shard(): cannot take rows of a {type(a).__name__} by position; give numpy "
-            "arrays (np.asarray(x)), lists or pandas objects"
+        raise _not_rows(
+            a,
+            f"cannot take rows of a {type(a).__name__} by position; give numpy arrays "
+            "(np.asarray(x)), lists or pandas objects",
         ) from None
 
 
@@ -434,12 +469,6 @@ class Context:
         failing = bool(_ESCAPED) or getattr(sys, "last_value", None) is not None
         try:
             self._leave(report=not failing)
-            # Garbage that only a collection frees goes now, while threads still run: a
-            # tf.data iterator over a Python generator, left mid-epoch when the run ended fit,
-            # lives on in a cycle with Keras's epoch iterator; freed at interpreter shutdown,
-            # it waits for its prefetch thread, which can no longer take the GIL to leave the
-            # generator, and the script hung at exit after its report.
-            gc.collect()
         except Exception as exc:  # leaving: say it, as the excepthook would have
             import logging
 
@@ -451,6 +480,7 @@ class Context:
             with contextlib.suppress(Exception):
                 logging.shutdown()  # what the exit handlers skipped by _exit would flush
             os._exit(1)
+        _free_before_shutdown()
 
     def __enter__(self) -> Context:
         return self

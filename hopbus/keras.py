@@ -226,8 +226,9 @@ class HopCallback(keras.callbacks.Callback):
                 f"worker {ctx.worker}: model.fit ended after {ctx.node.iteration} of "
                 f"{ctx.iterations} iterations{per_epoch}, before the run was done: give fit "
                 "more epochs (epochs=ctx.epochs(len(x_train), batch_size), with "
-                "validation_split=... if fit has one; more is fine, fit stops when the run is "
-                "done), or call fit again until ctx.done"
+                "validation_split=... if fit has one; a batched dataset: "
+                "ctx.epochs(batches, 1); more is fine, fit stops when the run is done), or "
+                "call fit again until ctx.done"
             )
             return
         self._watch()

@@ -481,8 +481,10 @@ def worker_cmd(
         typer.Option(
             "--device",
             envvar="HOPBUS_DEVICE",
-            help="This worker's device for a TensorFlow model: auto, cpu, gpu or gpu:N "
-            "[default: the run's --device]. A CPU and a GPU worker can share one run.",
+            help="This worker's device for a TensorFlow model of hopbus's (--model): auto, "
+            "cpu, gpu or gpu:N [default: the run's --device]. A CPU and a GPU worker can share "
+            "one run. A script (-- COMMAND) places its model itself: it gets this as "
+            "HOPBUS_DEVICE, and its progress reports the device Keras uses.",
             show_default=False,
         ),
     ] = None,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster import clean_env, hopbus_args, processes_mentioning, train
+from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, train
 
 pytest.importorskip("tensorflow", reason="the Keras tests need TensorFlow: pip install -e '.[tf]'")
 
@@ -180,15 +180,23 @@ if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch
     data = tf.data.Dataset.from_tensor_slices((x[:224], y[:224])).batch(32)
     model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
-if sys.argv[1] == "generator":  # 7 batches of unknown length: each epoch ends as they run out
-    import time, tensorflow as tf
-    def rows():  # slow enough that tf.data's prefetch thread is in here when fit is ended
+def slow_rows():  # 7 batches of unknown length, slow enough that tf.data's prefetch thread is
+    import time, tensorflow as tf  # in the generator when fit ends
+    def rows():
         for row in zip(x[:224], y[:224]):
             time.sleep(0.002)
             yield row
     spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.int32))
-    data = tf.data.Dataset.from_generator(rows, output_signature=spec)
-    model.fit(data.batch(32), epochs=10, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
+    return tf.data.Dataset.from_generator(rows, output_signature=spec).batch(32)
+if sys.argv[1] == "generator":  # each epoch ends as the batches run out
+    model.fit(slow_rows(), epochs=10, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
+if sys.argv[1] == "fails":  # worker 0's own error in its 4th batch; worker 1 is stopped by it
+    class Fail(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if ctx.worker == 0 and batch == 3:
+                raise ValueError("the script's own error")
+    model.fit(slow_rows(), epochs=10, verbose=0,
+              callbacks=[hopbus.keras.HopCallback(ctx), Fail()])
 if sys.argv[1] == "noval":  # no validation in fit: the script reports its own figures
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
@@ -247,6 +255,41 @@ def test_a_dataset_of_unknown_length_ends_each_epoch_as_it_runs_out(redis_url, t
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "generator" / "summary.json").read_text())
     assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 50
+
+
+def test_a_fit_that_fails_mid_generator_exits(redis_url, tmp_path):
+    """Fault ``fails mid-generator``: fit fails (worker 0's own error; worker 1 stopped by the
+    run, a RunFailure inside its fit) with tf.data's prefetch thread inside the slow
+    generator. The exception that ends the script keeps fit's frame, and so the iterator,
+    alive through its traceback: freed only at interpreter shutdown, it hung the exit, and a
+    ``hopbus worker`` (one on another machine: nothing stops it) waited for ever."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_FIT)
+    run = f"fails{os.getpid()}"
+    created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
+                     "50", "--model", "script", "--redis", redis_url)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    env = clean_env(HOPBUS_REDIS=redis_url)
+    command = ["--", sys.executable, str(script), "fails"]
+    procs = [
+        subprocess.Popen(
+            hopbus_args("worker", "--run", run, "--id", str(i), *command),
+            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True},
+            env=env,
+            cwd=tmp_path,
+        )
+        for i in range(2)
+    ]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [1, 1], errs
+    assert "ValueError: the script's own error" in errs[0], errs[0]
+    assert "hopbus: error: " in errs[1] and "worker 0" in errs[1], errs[1]
+    assert not processes_mentioning(run)
 
 
 def test_what_fit_leaves_unsaid_is_said(redis_url, tmp_path):

@@ -49,6 +49,22 @@ def test_what_has_no_rows_is_one_line():
             _rows_in(scalar)
 
 
+def test_a_tf_data_dataset_is_told_how_it_is_split():
+    """A tf.data dataset got "cannot take rows of a _TensorSliceDataset by position; give
+    numpy arrays" (of known length) or "has no rows to split" (unknown), neither naming the
+    dataset's own shard()."""
+    tf = pytest.importorskip("tensorflow", reason="the tf extra")
+    sized = tf.data.Dataset.from_tensor_slices(np.arange(8))
+    unsized = tf.data.Dataset.from_generator(
+        lambda: iter(range(8)), output_signature=tf.TensorSpec((), tf.int64)
+    )
+    says = r"^ctx\.shard\(\): a tf\.data \w+ is split by the dataset itself: dataset\.shard\("
+    with pytest.raises(UserError, match=says):
+        _rows_of(sized, np.array([0, 1]))
+    with pytest.raises(UserError, match=says):
+        _rows_in(unsized.batch(2))
+
+
 def test_a_figure_beyond_any_float_is_one_line():
     """Fault ``huge_loss``: ``ctx.end(new, loss=10**400)`` ended in an OverflowError
     traceback; a string loss already got one line."""
