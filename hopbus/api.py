@@ -239,17 +239,18 @@ def _free_before_shutdown() -> None:
     failed) lives on in a cycle with Keras's epoch iterator. Freed at interpreter shutdown, it
     waits for its prefetch thread, which can no longer take the GIL to leave the generator:
     the script hung at exit. The exception that ended a failed script holds fit's frame, and
-    so the iterator, through its traceback (sys.last_traceback, and each kept frame's callers
-    even where Keras cut its own frames from it): those frames' locals go first."""
+    so the iterator, through its traceback (sys.last_traceback): the locals of its innermost
+    frame and of every caller of it go first (the callers: fit's frame among them even where
+    Keras cut its own frames from the traceback)."""
     exc = getattr(sys, "last_value", None)
     tb = getattr(sys, "last_traceback", None) or getattr(exc, "__traceback__", None)
-    while tb is not None:
-        frame: FrameType | None = tb.tb_frame
-        while frame is not None:
-            with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
-                frame.clear()
-            frame = frame.f_back
+    while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
+    frame: FrameType | None = None if tb is None else tb.tb_frame
+    while frame is not None:
+        with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+            frame.clear()
+        frame = frame.f_back
     gc.collect()
 
 

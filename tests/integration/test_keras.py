@@ -277,7 +277,9 @@ def test_a_fit_that_fails_mid_generator_exits(redis_url, tmp_path):
     procs = [
         subprocess.Popen(
             hopbus_args("worker", "--run", run, "--id", str(i), *command),
-            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env=env,
             cwd=tmp_path,
         )
