@@ -146,9 +146,8 @@ def test_a_keras_model_from_the_command_line(redis_url, tmp_path):
     """--model and --data MODULE:FUNCTION: hopbus train fits the user's compiled Keras model
     (with its own optimizer: hopbus's SGD flags, given, are said to be unused)."""
     p, s = train(
-        redis_url, tmp_path / "run", "-n", "3", "--topology", "ring", "--mode", "backup",
-        "--iterations", "120", "--model", f"{EXAMPLE}:model", "--data", f"{EXAMPLE}:data",
-        "--lr", "1000", "--weight-decay", "0.5",
+        redis_url, tmp_path / "run", "-n", "2", "--iterations", "120", "--model",
+        f"{EXAMPLE}:model", "--data", f"{EXAMPLE}:data", "--lr", "1000", "--weight-decay", "0.5",
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert (
@@ -174,11 +173,13 @@ def test_a_keras_model_is_refused_by_the_modes_that_move_other_bytes(redis_url, 
 SHORT_FIT = """
 import sys, keras, numpy as np, hopbus, hopbus.keras
 ctx = hopbus.join()
+cases = sys.argv[1].split(",")  # worker I runs case I (one case: every worker), in one run
+how = cases[ctx.worker % len(cases)]
 x = np.random.default_rng(0).normal(size=(280, 4)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
 model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-if sys.argv[1] == "dataset":  # 7 batches, not repeated, under a steps_per_epoch of 20
+if how == "dataset":  # 7 batches, not repeated, under a steps_per_epoch of 20
     import tensorflow as tf
     data = tf.data.Dataset.from_tensor_slices((x[:224], y[:224])).batch(32)
     model.fit(data, epochs=2, steps_per_epoch=20, verbose=0,
@@ -191,43 +192,43 @@ def slow_rows():  # 7 batches of unknown length, slow enough that tf.data's pref
             yield row
     spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((), tf.int32))
     return tf.data.Dataset.from_generator(rows, output_signature=spec).batch(32)
-if sys.argv[1] == "generator":  # each epoch ends as the batches run out
+if how == "generator":  # each epoch ends as the batches run out
     model.fit(slow_rows(), epochs=10, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
-if sys.argv[1] == "fails":  # worker 0's own error in its 4th batch; worker 1 is stopped by it
+if how == "fails":  # worker 0's own error in its 4th batch; worker 1 is stopped by it
     class Fail(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if ctx.worker == 0 and batch == 3:
                 raise ValueError("the script's own error")
     model.fit(slow_rows(), epochs=10, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx), Fail()])
-if sys.argv[1] == "noval":  # no validation in fit: the script reports its own figures
+if how == "noval":  # no validation in fit: the script reports its own figures
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
     ctx.finish(loss=model.evaluate(x, y, verbose=0), accuracy=0.5)
-if sys.argv[1] == "valfreq":  # 8 epochs of 7 batches, validated after the 3rd and 6th only
+if how == "valfreq":  # 8 epochs of 7 batches, validated after the 3rd and 6th only
     model.fit(x, y, batch_size=32, epochs=8, verbose=0, validation_split=0.2,
               validation_freq=3, callbacks=[hopbus.keras.HopCallback(ctx)])
-if sys.argv[1] == "restore":  # keeps the worst epoch's weights, and sets them at fit's end
+if how == "restore":  # keeps the worst epoch's weights, and sets them at fit's end
     keep = keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1000,
                                          restore_best_weights=True)
     model.fit(x, y, batch_size=32, epochs=8, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx), keep])
-if sys.argv[1] == "resumed":  # as BackupAndRestore resumes it: from epoch 2 of 8
+if how == "resumed":  # as BackupAndRestore resumes it: from epoch 2 of 8
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32), initial_epoch=2, verbose=0,
               callbacks=[hopbus.keras.HopCallback(ctx)])
-if sys.argv[1] == "early":  # epochs enough, but EarlyStopping ends fit after 2 of them
+if how == "early":  # epochs enough, but EarlyStopping ends fit after 2 of them
     stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10)
     model.fit(x, y, batch_size=32, epochs=ctx.epochs(len(x), 32, validation_split=0.2),
               validation_split=0.2, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx), stop])
     print("after fit")
 fits = 0
-while not ctx.done and (sys.argv[1] == "loop" or (sys.argv[1] == "once" and fits == 0)):
+while not ctx.done and (how == "loop" or (how == "once" and fits == 0)):
     # 224 rows train, 56 validate: 7 batches an epoch
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, validation_split=0.2,
               callbacks=[hopbus.keras.HopCallback(ctx)])
     fits += 1
 print("fits", fits, "epochs", ctx.epochs(len(x), 32, validation_split=0.2))
-if sys.argv[1] == "loop":  # and once more after the run is done: its step is undone
+if how == "loop":  # and once more after the run is done: its step is undone
     before = model.get_weights()
     model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[hopbus.keras.HopCallback(ctx)])
     after = model.get_weights()
@@ -235,29 +236,62 @@ if sys.argv[1] == "loop":  # and once more after the run is done: its step is un
 """
 
 
-def short_fit(redis_url: str, tmp_path: Path, how: str) -> subprocess.CompletedProcess:
-    """SHORT_FIT's case ``how`` launched as 2 workers of a 50-iteration run."""
+def short_fit(redis_url: str, tmp_path: Path, *cases: str) -> subprocess.CompletedProcess:
+    """SHORT_FIT launched as a 50-iteration run, worker I running ``cases[I]`` (one case: two
+    workers running it). Its folder: tmp_path / the cases joined by "-"."""
     script = tmp_path / "short.py"
     script.write_text(SHORT_FIT)
-    run_id, out = f"short{os.getpid()}{how}", str(tmp_path / how)
-    args = hopbus_args("launch", "--redis", redis_url, "--run", run_id, "-n", "2",
+    name, n = "-".join(cases), str(max(2, len(cases)))
+    run_id, out = f"short{os.getpid()}{name}", str(tmp_path / name)
+    args = hopbus_args("launch", "--redis", redis_url, "--run", run_id, "-n", n,
                        "--iterations", "50", "--out", out)  # fmt: skip
-    return subprocess.run([*args, "--", sys.executable, str(script), how], capture_output=True,
-                          text=True, env=clean_env(), timeout=300, check=False)  # fmt: skip
+    return subprocess.run([*args, "--", sys.executable, str(script), ",".join(cases)],
+                          capture_output=True, text=True, env=clean_env(), timeout=300,
+                          check=False)  # fmt: skip
 
 
-def test_a_dataset_of_unknown_length_ends_each_epoch_as_it_runs_out(redis_url, tmp_path):
-    """Fault ``generator``: a tf.data dataset whose length Keras cannot know ends each epoch
-    on a batch that Keras begins and never ends (the data ran out inside its step). The
-    next epoch's first batch is that step (it failed "begin() twice" at the second epoch).
-    Fault ``exit mid-generator``: the run ends fit mid-epoch, with tf.data's prefetch thread
-    inside the script's slow generator; the iterator, in a cycle with Keras's, died at
+def test_fits_that_end_their_own_way_train_through_and_what_they_leave_unsaid_is_said(
+    redis_url, tmp_path
+):
+    """Five workers of one run, each fit ending its own way; the run finishes, and each says
+    what its fit left unsaid.
+
+    Fault ``generator`` (worker 0): a tf.data dataset whose length Keras cannot know ends
+    each epoch on a batch that Keras begins and never ends (the data ran out inside its
+    step). The next epoch's first batch is that step (it failed "begin() twice" at the second
+    epoch). Fault ``exit mid-generator``: the run ends fit mid-epoch, with tf.data's prefetch
+    thread inside the script's slow generator; the iterator, in a cycle with Keras's, died at
     interpreter shutdown waiting for that thread, which could not take the GIL (the script hung
-    at exit after its report: 3 of 3 times)."""
-    p = short_fit(redis_url, tmp_path, "generator")
+    at exit after its report: 3 of 3 times).
+    Fault ``loop`` (worker 1): a script that fits one epoch at a time until the run is done (a
+    new callback each time) trains through, and a fit after that trains nothing.
+    Faults in what fit reports: no validation (``noval``, worker 2: the script's own
+    ctx.finish counts; the callback had reported none and it failed "finish() was already
+    called"); a last validation before the run's end (``valfreq``, worker 3: said, not passed
+    off as the end's); a callback that set other weights after the run (``restore``, worker 4:
+    EarlyStopping(restore_best_weights=True), even without stopping: said at exit)."""
+    cases = ("generator", "loop", "noval", "valfreq", "restore")
+    p = short_fit(redis_url, tmp_path, *cases)
     assert p.returncode == 0, p.stderr
-    s = json.loads((tmp_path / "generator" / "summary.json").read_text())
+    folder = tmp_path / "-".join(cases)
+    s = json.loads((folder / "summary.json").read_text())
     assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 50
+    log = {case: (folder / "logs" / f"worker-{i}.log").read_text() for i, case in enumerate(cases)}
+    # 8 fits of 7 batches; the epochs one fit would need: 50 / 7
+    assert "fits 8 epochs 1" in log["loop"], log["loop"]  # the run was done: 0 left, at least 1
+    # fault ``fit_after_done``: Keras's one batch of it trained, never averaged
+    assert "changed after done 0.0" in log["loop"], log["loop"]
+    assert "this fit trains nothing" in log["loop"], log["loop"]
+    # each validation was the run's evaluation: the final loss is the last one's
+    assert s["per_worker"][1]["final_loss"] is not None, s["per_worker"]
+    noval = log["noval"]
+    assert "fit ran no validation (no validation data, or a validation_freq beyond its " in noval
+    assert "epochs): report the final test loss and accuracy with ctx.finish(" in noval
+    assert s["per_worker"][2]["final_accuracy"] == 0.5, s["per_worker"]
+    valfreq = log["valfreq"]
+    assert "fit's last validation came before the run's last iteration (validation_freq)" in valfreq
+    assert "or the run's are that validation's" in valfreq
+    assert "the model no longer holds the run's final weights" in log["restore"], log["restore"]
 
 
 def test_a_fit_that_fails_mid_generator_exits(redis_url, tmp_path):
@@ -297,29 +331,31 @@ def test_a_fit_that_fails_mid_generator_exits(redis_url, tmp_path):
     assert not processes_mentioning(run)
 
 
-def test_what_fit_leaves_unsaid_is_said(redis_url, tmp_path):
-    """Faults in what fit reports: no validation (the script's own ctx.finish counts; the
-    callback had reported none and it failed "finish() was already called"); a last
-    validation before the run's end (validation_freq: said, not passed off as the end's); a
-    callback that set other weights after the run (EarlyStopping(restore_best_weights=True),
-    even without stopping: said at exit); a fit resumed at a later epoch (initial_epoch, as
-    BackupAndRestore sets it: blamed on that, not on too few epochs)."""
-    p = short_fit(redis_url, tmp_path, "noval")
-    assert p.returncode == 0, p.stderr
-    log = (tmp_path / "noval" / "logs" / "worker-0.log").read_text()
-    assert "fit ran no validation (no validation data, or a validation_freq beyond its " in log
-    assert "epochs): report the final test loss and accuracy with ctx.finish(" in log
-    s = json.loads((tmp_path / "noval" / "summary.json").read_text())
-    assert s["finished"] and all(w["final_accuracy"] == 0.5 for w in s["per_worker"]), s
-    p = short_fit(redis_url, tmp_path, "valfreq")
-    assert p.returncode == 0, p.stderr
-    log = (tmp_path / "valfreq" / "logs" / "worker-0.log").read_text()
-    assert "fit's last validation came before the run's last iteration (validation_freq)" in log
-    assert "or the run's are that validation's" in log
-    p = short_fit(redis_url, tmp_path, "restore")
-    assert p.returncode == 0, p.stderr
-    log = (tmp_path / "restore" / "logs" / "worker-0.log").read_text()
-    assert "the model no longer holds the run's final weights" in log, log
+def test_a_fit_too_short_for_the_run_is_one_line(redis_url, tmp_path):
+    """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
+    fails saying how far it got, in the run's own count, and what to give fit; with a dataset
+    that runs out before its steps_per_epoch, what to do about the data; stopped by a
+    callback (EarlyStopping), that no worker may leave before the run ends; a fit resumed at a
+    later epoch (initial_epoch, as BackupAndRestore sets it), blamed on that, not on too few
+    epochs."""
+    p = short_fit(redis_url, tmp_path, "once")
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "model.fit ended after 7 of 50 iterations (7 batches an epoch), before the run " in last
+    assert "epochs=ctx.epochs(len(x_train), batch_size), with validation_split" in last, last
+    assert "Traceback" not in p.stderr
+    p = short_fit(redis_url, tmp_path, "dataset")  # the data ran out, not too few epochs
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (
+        "model.fit ended after 14 of 50 iterations: its data ran out after 7 batches of an "
+        "epoch of 20 (steps_per_epoch): repeat the dataset (dataset.repeat())" in last
+    ), last
+    p = short_fit(redis_url, tmp_path, "early")  # a callback stopped fit: said at once, not
+    assert p.returncode == 1, p.stderr  # at exit after more code ran
+    last = p.stderr.strip().splitlines()[-1]
+    assert "model.fit was stopped after 14 of 50 iterations by a callback" in last, last
+    assert "after fit" not in (tmp_path / "early" / "logs" / "worker-0.log").read_text()
     p = short_fit(redis_url, tmp_path, "resumed")
     assert p.returncode == 1, p.stderr
     last = p.stderr.strip().splitlines()[-1]
@@ -327,48 +363,6 @@ def test_what_fit_leaves_unsaid_is_said(redis_url, tmp_path):
         last
     ), last
     assert "give fit epochs=2 + ctx.epochs(len(x_train), batch_size)" in last, last
-
-
-def test_a_fit_too_short_for_the_run_is_one_line_unless_fit_goes_on(redis_url, tmp_path):
-    """Fault ``short_fit``: one epoch of 7 batches for a run of 50 iterations. The worker
-    fails saying how far it got, in the run's own count, and what to give fit; with a dataset
-    that runs out before its steps_per_epoch, what to do about the data; stopped by a
-    callback (EarlyStopping), that no worker may leave before the run ends. A script that
-    fits one epoch at a time until the run is done (a new callback each time) trains through,
-    and a fit after that trains nothing."""
-
-    def run(how: str) -> subprocess.CompletedProcess:
-        return short_fit(redis_url, tmp_path, how)
-
-    p = run("once")
-    assert p.returncode == 1, p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert "model.fit ended after 7 of 50 iterations (7 batches an epoch), before the run " in last
-    assert "epochs=ctx.epochs(len(x_train), batch_size), with validation_split" in last, last
-    assert "Traceback" not in p.stderr
-    p = run("dataset")  # blamed on the data that ran out, not on too few epochs
-    assert p.returncode == 1, p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert (
-        "model.fit ended after 14 of 50 iterations: its data ran out after 7 batches of an "
-        "epoch of 20 (steps_per_epoch): repeat the dataset (dataset.repeat())" in last
-    ), last
-    p = run("early")  # a callback stopped fit: said at once, not at exit after more code ran
-    assert p.returncode == 1, p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert "model.fit was stopped after 14 of 50 iterations by a callback" in last, last
-    assert "after fit" not in (tmp_path / "early" / "logs" / "worker-0.log").read_text()
-    p = run("loop")
-    assert p.returncode == 0, p.stderr
-    s = json.loads((tmp_path / "loop" / "summary.json").read_text())
-    assert s["finished"] and s["violations"] == 0 and s["iterations"]["min"] == 50
-    for i in range(2):  # 8 fits of 7 batches; the epochs one fit would need: 50 / 7
-        log = (tmp_path / "loop" / "logs" / f"worker-{i}.log").read_text()
-        assert "fits 8 epochs 1" in log, log  # the run was done: 0 left, at least 1
-        # fault ``fit_after_done``: Keras's one batch of it trained, never averaged
-        assert "changed after done 0.0" in log and "this fit trains nothing" in log, log
-    # each validation was the run's evaluation: the final loss is the last one's
-    assert all(w["final_loss"] is not None for w in s["per_worker"])
 
 
 LAZY = """
