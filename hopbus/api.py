@@ -239,18 +239,28 @@ def _free_before_shutdown() -> None:
     failed) lives on in a cycle with Keras's epoch iterator. Freed at interpreter shutdown, it
     waits for its prefetch thread, which can no longer take the GIL to leave the generator:
     the script hung at exit. The exception that ended a failed script holds fit's frame, and
-    so the iterator, through its traceback (sys.last_traceback): the locals of its innermost
-    frame and of every caller of it go first (the callers: fit's frame among them even where
-    Keras cut its own frames from the traceback)."""
+    so the iterator, through its traceback (sys.last_traceback), and so does every exception it
+    was raised from or while handling (a script that wraps fit's error in its own): the locals
+    of each traceback's innermost frame and of every caller of it go first (the callers: fit's
+    frame among them even where Keras cut its own frames from the traceback)."""
     exc = getattr(sys, "last_value", None)
-    tb = getattr(sys, "last_traceback", None) or getattr(exc, "__traceback__", None)
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    frame: FrameType | None = None if tb is None else tb.tb_frame
-    while frame is not None:
-        with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
-            frame.clear()
-        frame = frame.f_back
+    tracebacks = [getattr(sys, "last_traceback", None)]
+    chained, seen = [exc], set()
+    while chained:  # and those it was raised from or while handling (fit's error, wrapped)
+        exc = chained.pop()
+        if isinstance(exc, BaseException) and id(exc) not in seen:
+            seen.add(id(exc))
+            tracebacks.append(exc.__traceback__)
+            chained += [exc.__cause__, exc.__context__]
+    for outer in tracebacks:
+        tb = outer
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        frame: FrameType | None = None if tb is None else tb.tb_frame
+        while frame is not None:
+            with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+                frame.clear()
+            frame = frame.f_back
     gc.collect()
 
 

@@ -1,4 +1,7 @@
-"""The pure helpers behind ``ctx.epochs`` and ``ctx.shard``: nonsense in, one line out."""
+"""The pure helpers behind ``ctx.epochs``, ``ctx.shard`` and a script's exit: nonsense in, one line
+out; what a failed script's exception holds, freed before interpreter shutdown."""
+
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -140,3 +143,48 @@ def test_the_writer_lets_through_what_the_progress_reader_takes():
     fields = {k.encode(): repr(v).encode() for k, v in e.items()}
     fields.update({b"worker": b"0", b"iter": b"3"})
     assert parse_entry(fields) is not None
+
+
+class _Held:
+    """What fit's frame holds (a tf.data iterator, in the real case); each one made is
+    followed by a weak reference (not through the frame's f_locals, which would keep it)."""
+
+    made: ClassVar[list] = []
+
+    def __init__(self) -> None:
+        import weakref
+
+        _Held.made.append(weakref.ref(self))
+
+
+def _fit(held: _Held) -> None:
+    raise ValueError("fit's own error")
+
+
+def _script(wrap: str) -> None:
+    held = _Held()
+    try:
+        _fit(held)
+    except ValueError as e:
+        if wrap == "from":
+            raise RuntimeError("the script's own words") from e
+        raise RuntimeError("raised while handling it") from None
+
+
+@pytest.mark.parametrize("wrap", ["from", "while handling"])
+def test_what_a_wrapped_fit_error_holds_is_freed_before_shutdown(monkeypatch, wrap):
+    """Fault ``wrapped_fit_error``: the script wraps fit's error in its own; the exception that
+    ends it keeps fit's frame through the one it was raised from (or while handling), whose
+    locals are cleared before the collection at exit, as the last traceback's are."""
+    from hopbus.api import _free_before_shutdown
+
+    try:
+        _script(wrap)
+    except RuntimeError as e:
+        last = e
+    held = _Held.made[-1]
+    monkeypatch.setattr("sys.last_value", last, raising=False)
+    monkeypatch.setattr("sys.last_traceback", last.__traceback__, raising=False)
+    assert held() is not None
+    _free_before_shutdown()
+    assert held() is None
