@@ -86,7 +86,7 @@ def stack_settings() -> dict[str, str]:
 @contextlib.contextmanager
 def one_stack_at_a_time() -> Iterator[None]:
     """Hold the engine for one test's stack: the suite runs its files in parallel
-    (``pytest -n 2``), and the compose and swarm tests build the same images and would
+    (``pytest -n 3``), and the compose and swarm tests build the same images and would
     otherwise share the engine's CPU, and a swarm init, with each other. An flock, so that a
     test killed midway releases it."""
     path = Path(tempfile.gettempdir()) / "hopbus-tests-docker-engine.lock"
