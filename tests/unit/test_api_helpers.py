@@ -163,19 +163,22 @@ def _fit(held: _Held) -> None:
 
 def _script(wrap: str) -> None:
     held = _Held()
+    kept = None
     try:
         _fit(held)
     except ValueError as e:
-        if wrap == "from":
-            raise RuntimeError("the script's own words") from e
-        raise RuntimeError("raised while handling it") from None
+        if wrap == "while handling":  # __context__ only
+            raise RuntimeError("raised while handling it") from None
+        kept = e
+    raise RuntimeError("the script's own words") from kept  # __cause__ only: raised after it
 
 
 @pytest.mark.parametrize("wrap", ["from", "while handling"])
 def test_what_a_wrapped_fit_error_holds_is_freed_before_shutdown(monkeypatch, wrap):
     """Fault ``wrapped_fit_error``: the script wraps fit's error in its own; the exception that
-    ends it keeps fit's frame through the one it was raised from (or while handling), whose
-    locals are cleared before the collection at exit, as the last traceback's are."""
+    ends it keeps fit's frame through the one it was raised from (``__cause__``, here without a
+    ``__context__``) or while handling (``__context__`` alone), whose locals are cleared before
+    the collection at exit, as the last traceback's are."""
     from hopbus.api import _free_before_shutdown
 
     try:

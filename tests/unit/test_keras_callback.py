@@ -1,28 +1,45 @@
 """HopCallback's refusals that need no run: checked before it joins one (and by --model
 before any worker starts)."""
 
+import importlib.util
+
 import pytest
 
-pytest.importorskip("tensorflow", reason="the Keras tests need TensorFlow: pip install -e '.[tf]'")
-
-import keras
-
 from hopbus.errors import RunFailure
-from hopbus.keras import HopCallback
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,  # find_spec: TensorFlow is imported by the
+    reason="the Keras tests need TensorFlow: pip install -e '.[tf]'",  # tests that run, not at
+)  # collection, in every pytest-xdist process
 
 
-def test_an_optimizer_that_swaps_in_its_own_moving_average_is_refused():
+@pytest.fixture(scope="module")
+def keras():
+    import keras
+
+    return keras
+
+
+@pytest.fixture(scope="module")
+def hop_callback(keras):
+    """hopbus.keras.HopCallback, imported once keras is."""
+    from hopbus.keras import HopCallback
+
+    return HopCallback
+
+
+def test_an_optimizer_that_swaps_in_its_own_moving_average_is_refused(keras, hop_callback):
     """Adam(use_ema=True) puts each worker's own average of its weights into the model at the
     end of fit: the workers would end unlike each other and unlike the accuracy reported."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.Adam(use_ema=True), loss="mse")
-    callback = HopCallback()
+    callback = hop_callback()
     callback.set_model(model)
     with pytest.raises(RunFailure, match="the optimizer has use_ema=True"):
         callback.on_train_begin()
 
 
-def test_the_same_model_from_the_command_line_is_refused_before_any_worker_starts():
+def test_the_same_model_from_the_command_line_is_refused_before_any_worker_starts(keras):
     """--model MODULE:FUNCTION returning it: bad input, one line and status 2 before the run,
     as an uncompiled model is (it failed the run once a worker's fit began: status 1)."""
     from hopbus.errors import ConfigError
@@ -34,7 +51,7 @@ def test_the_same_model_from_the_command_line_is_refused_before_any_worker_start
         check_model(model, "m.py:f")
 
 
-def test_train_steps_run_several_at_a_time_are_refused():
+def test_train_steps_run_several_at_a_time_are_refused(keras, hop_callback):
     """steps_per_execution=4: Keras calls the callbacks once per 4 batches, so no exchange
     could come between them (it ran 4 optimizer steps per Hop iteration, and blamed the
     data for running out when fit ended early)."""
@@ -43,7 +60,7 @@ def test_train_steps_run_several_at_a_time_are_refused():
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
-    callback = HopCallback()
+    callback = hop_callback()
     callback.set_model(model)
     with pytest.raises(RunFailure, match="compiled with steps_per_execution=4: Keras then runs"):
         callback.on_train_begin()
@@ -51,7 +68,7 @@ def test_train_steps_run_several_at_a_time_are_refused():
         check_model(model, "m.py:f")
 
 
-def test_weights_of_a_float_hopbus_does_not_carry_are_refused_not_left_out():
+def test_weights_of_a_float_hopbus_does_not_carry_are_refused_not_left_out(keras):
     """A bfloat16 layer's weights are no numpy float: they were silently left out of the
     exchange (each worker kept its own), and a model of them only was 'nothing to train'."""
     from hopbus.keras import shared_weights
