@@ -1,15 +1,26 @@
-"""Test helpers: scripted slowdowns and a one-call simulation runner."""
+"""Test helpers: scripted slowdowns, a one-call simulation runner, and the skip of a test file
+whose extra (TensorFlow, PyTorch) is not installed."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterable
 
 import networkx as nx
+import pytest
 
 from hopbus.modes import Mode
 from hopbus.protocol.spec import ProtocolSettings
 from hopbus.sim import SimResult, Simulation
 from hopbus.topology import Topology, from_edge_lines
+
+
+def needs(module: str, reason: str) -> pytest.MarkDecorator:
+    """Skip unless ``module`` is installed, found without importing it: pytest's collection in
+    every pytest-xdist process imports each test file, and a file that runs TensorFlow or
+    PyTorch in its workers (or imports it in the tests that run) should not make each of them
+    import it first."""
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=reason)
 
 
 class Schedule:

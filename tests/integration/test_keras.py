@@ -4,7 +4,6 @@ real processes, a real redis-server; skipped, saying why, without TensorFlow (th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,13 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, train
+from helpers import needs
 
 from hopbus.consensus import distance, sketch
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,  # find_spec: TF runs in the workers only,
-    reason="the Keras tests need TensorFlow: pip install -e '.[tf]'",  # not in pytest itself
-)
+pytestmark = needs("tensorflow", "the Keras tests need TensorFlow: pip install -e '.[tf]'")
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,20 +6,16 @@ Each TF worker pays TensorFlow's import (~5 s on two cores), so runs are 2 worke
 
 from __future__ import annotations
 
-import importlib.util
 import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from cluster import env_without, train
+from helpers import needs
 
-needs_tf = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,  # find_spec: no TF import in pytest itself
-    reason="the TensorFlow models need the tf extra: pip install -e '.[tf]'",
-)
+needs_tf = needs("tensorflow", "the TensorFlow models need the tf extra: pip install -e '.[tf]'")
 
 
 @needs_tf

@@ -4,20 +4,16 @@ saying why, without PyTorch (the bench extra)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from cluster import clean_env, hopbus_args, processes_mentioning
+from helpers import needs
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None,  # find_spec: torch runs in the workers only
-    reason="the PyTorch example needs torch: pip install -e '.[bench]'",
-)
+pytestmark = needs("torch", "the PyTorch example needs torch: pip install -e '.[bench]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch_loop.py"

@@ -1,16 +1,12 @@
 """HopCallback's refusals that need no run: checked before it joins one (and by --model
 before any worker starts)."""
 
-import importlib.util
-
 import pytest
+from helpers import needs
 
 from hopbus.errors import RunFailure
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,  # find_spec: TensorFlow is imported by the
-    reason="the Keras tests need TensorFlow: pip install -e '.[tf]'",  # tests that run, not at
-)  # collection, in every pytest-xdist process
+pytestmark = needs("tensorflow", "the Keras tests need TensorFlow: pip install -e '.[tf]'")
 
 
 @pytest.fixture(scope="module")

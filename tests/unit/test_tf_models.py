@@ -3,19 +3,15 @@ seed, and the image shapes they accept."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
+from helpers import needs
 
 from hopbus.errors import ConfigError
 from hopbus.models import build_model
 from hopbus.models.tf import TF_MODELS
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,  # find_spec: imported by the tests that run
-    reason="the TensorFlow models need the tf extra",  # (build_model), not at collection
-)
+pytestmark = needs("tensorflow", "the TensorFlow models need the tf extra")
 
 
 def _batch(n_features: int, n: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
