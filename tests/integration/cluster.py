@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 _ids = itertools.count()
@@ -56,6 +56,30 @@ def hopbus(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
         timeout=timeout,
         check=False,
     )
+
+
+def script_workers(
+    run: str,
+    command: Sequence[str],
+    env: dict[str, str],
+    ids: Iterable[int | None],
+    cwd: Path | None = None,
+) -> list[subprocess.Popen]:
+    """Hand-started ``hopbus worker --run RUN [--id I] -- COMMAND``, one per id (None: the id
+    Redis gives it), as on other machines; stdout and stderr piped, as text."""
+    return [
+        subprocess.Popen(
+            hopbus_args(
+                "worker", "--run", run, *([] if i is None else ["--id", str(i)]), "--", *command
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        for i in ids
+    ]
 
 
 def train_args(redis_url: str, out: Path, *flags: str) -> tuple[list[str], str]:

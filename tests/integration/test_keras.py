@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cluster import clean_env, hopbus, hopbus_args, processes_mentioning, train
+from cluster import (
+    clean_env,
+    hopbus,
+    hopbus_args,
+    processes_mentioning,
+    script_workers,
+    train,
+)
 from helpers import needs
 
 from hopbus.consensus import distance, sketch
@@ -310,19 +317,8 @@ def test_a_fit_that_fails_mid_generator_exits(redis_url, tmp_path):
     created = hopbus("create", "--run", run, "-n", "2", "--topology", "ring", "--iterations",
                      "50", "--model", "script", "--redis", redis_url)  # fmt: skip
     assert created.returncode == 0, created.stderr
-    env = clean_env(HOPBUS_REDIS=redis_url)
-    command = ["--", sys.executable, str(script), "fails"]
-    procs = [
-        subprocess.Popen(
-            hopbus_args("worker", "--run", run, "--id", str(i), *command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
-        for i in range(2)
-    ]
+    command = [sys.executable, str(script), "fails"]
+    procs = script_workers(run, command, clean_env(HOPBUS_REDIS=redis_url), range(2), tmp_path)
     try:
         errs = [p.communicate(timeout=120)[1] for p in procs]
     finally:

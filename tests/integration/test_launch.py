@@ -27,6 +27,7 @@ from cluster import (
     hopbus,
     hopbus_args,
     processes_mentioning,
+    script_workers,
     wait_for,
 )
 
@@ -570,17 +571,7 @@ def test_copies_on_other_machines_join_with_hopbus_worker(redis_url, tmp_path, s
     )
     assert created.returncode == 0, created.stderr
     env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(
-            hopbus_args("worker", "--run", run, "--", sys.executable, str(script), "none"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
-        for _ in range(2)
-    ]
+    workers = script_workers(run, [sys.executable, str(script), "none"], env, [None] * 2, tmp_path)
     watch = hopbus(
         "watch",
         "--run",
@@ -627,12 +618,7 @@ def test_a_script_worker_stopped_by_hand_says_why(redis_url, tmp_path, script):
                      "100000", "--model", "script", "--redis", redis_url)  # fmt: skip
     assert created.returncode == 0, created.stderr
     env = clean_env(HOPBUS_REDIS=redis_url)
-    workers = [
-        subprocess.Popen(hopbus_args("worker", "--run", run, "--id", str(i), "--",
-                                     sys.executable, str(script), "none"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for i in range(2)
-    ]  # fmt: skip
+    workers = script_workers(run, [sys.executable, str(script), "none"], env, range(2))
     watch = subprocess.Popen(
         hopbus_args("watch", "--run", run, "--redis", redis_url, "--out", str(tmp_path / "w")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
