@@ -31,6 +31,10 @@ SCRIPT = "HOPBUS_SCRIPT"
 # the launcher that started this process tree: passed on to everything below it (not one of
 # WORKER_VARS, which hopbus worker sets afresh), so that reaper.marked finds what is left
 LAUNCH = "HOPBUS_LAUNCH"
+# 0: hopbus train and launch start each worker as a fresh interpreter, not forked from one
+# that imported hopbus once (runtime/forkserver.py): for a profiler or debugger that wraps
+# the interpreter, or to rule the fork out when a worker misbehaves
+FORKSERVER = "HOPBUS_FORKSERVER"
 
 WORKER_VARS = (RUN, REDIS, ID, BIND, ADVERTISE, TIMEOUT, CURVE, DEVICE, CHECKPOINT_DIR,
                RESUME_FROM, REJOIN, TENSORBOARD, MODEL, DATA, SCRIPT)  # fmt: skip

@@ -66,7 +66,7 @@ from hopbus.modes import Family, Mode
 from hopbus.protocol.membership import survivable
 from hopbus.protocol.spec import WorkerSpec, plan
 from hopbus.runtime import env as envvars
-from hopbus.runtime import interrupts
+from hopbus.runtime import forkserver, interrupts
 from hopbus.runtime.checkpoint import FOLDER as CHECKPOINTS
 from hopbus.runtime.checkpoint import (
     CheckpointError,
@@ -281,7 +281,7 @@ def write_config_toml(
 @dataclass
 class Proc:
     worker: int
-    popen: subprocess.Popen
+    popen: subprocess.Popen | forkserver.Forked
     log: Path
     code: int | None = None
     name: str = ""
@@ -353,6 +353,11 @@ def _last_line(path: Path) -> str:
 
 
 def _why(p: Proc, code: int | None) -> str:
+    if isinstance(p.popen, forkserver.Forked) and p.popen.pid in p.popen.server.orphaned:
+        return (
+            f"{p.name} was stopped with hopbus's fork server (pid {p.popen.server.proc.pid}), "
+            f"which started it and {p.popen.server.died()}"
+        )
     if code is not None and code < 0:
         return f"{p.name} was killed by {signal.Signals(-code).name}"
     line = _last_line(p.log)
@@ -401,6 +406,7 @@ class Launcher:
         self.on_update = on_update
         self.broker: EmbeddedRedis | None = None
         self.procs: list[Proc] = []
+        self.forkserver: forkserver.ForkServer | None = None  # what forked them, if one did
         self.replay: Replay | None = None
         self.url = ""
         self.t_start = time.time()
@@ -462,25 +468,46 @@ class Launcher:
         env.update(given_env(self.cfg))  # the user's code it names: theirs to run (own_code)
         n = self.topo.n
         env.update(envvars.thread_share(n, env))  # N copies on this machine's cores
+        nodes: list[tuple[list[str], Path, int, str]] = []
         if self.cfg.mode.family is Family.PS:  # node N: the parameter server
-            self._start(
-                ["ps", "--run", self.keys.run], logs / "ps.log", env, n, "the parameter server"
+            nodes.append(
+                (["ps", "--run", self.keys.run], logs / "ps.log", n, "the parameter server")
             )
         script = ["--", *self.command] if self.command else []
         for i in range(n):
             args = ["worker", "--run", self.keys.run, "--id", str(i), *script]
-            self._start(args, logs / f"worker-{i}.log", env, i, f"worker {i}")
+            nodes.append((args, logs / f"worker-{i}.log", i, f"worker {i}"))
+        for _, log, _, _ in nodes:
+            self._open_log(log)
+        forked = None
+        if forkserver.wanted(os.environ):
+            longest = max(
+                len(os.fsencode(" ".join(forkserver.command_line(args)))) for args, *_ in nodes
+            )
+            self.forkserver = forkserver.ForkServer(env, self.keys.run, longest + 1)
+            forked = self.forkserver.start(
+                [
+                    (args, log, "hop-ps" if node == n else f"hop-w{node}")
+                    for args, log, node, _ in nodes
+                ]
+            )
+        for k, (args, log, node, name) in enumerate(nodes):
+            popen = forked[k] if forked is not None else self._start(args, log, env)
+            self.procs.append(Proc(node, popen, log, name=name))
         self._spawned_at = time.monotonic()
 
-    def _start(self, args: list[str], log: Path, env: dict[str, str], node: int, name: str) -> None:
-        """Start one node, its stdout and stderr into ``log`` (a resumed run's go on after
-        what the stopped run wrote, from a line that says so)."""
+    def _open_log(self, log: Path) -> None:
+        """A node's log: empty, or a resumed run's, going on after what the stopped run
+        wrote from a line that says so."""
         with log.open("wb" if self.resume_from is None else "ab") as fh:
             if self.resume_from is not None:
                 fh.write(f"{RESUMED_MARK}{self.resume_from} ---\n".encode())
-                fh.flush()
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "hopbus", *args],
+
+    def _start(self, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+        """Start one node as a fresh interpreter, its stdout and stderr going on in ``log``."""
+        with log.open("ab") as fh:
+            return subprocess.Popen(
+                forkserver.command_line(args),
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -488,7 +515,6 @@ class Launcher:
                 start_new_session=True,  # Ctrl-C reaches the launcher only; it forwards
                 preexec_fn=_die_with_parent,  # noqa: PLW1509
             )
-        self.procs.append(Proc(node, popen, log, name=name))
 
     def stop_workers(self) -> None:
         """Stop every process it started, and then what they started and left behind (a
@@ -515,6 +541,8 @@ class Launcher:
             time.sleep(0.05)  # polling for the leftovers to go: they are no children of ours
             left = _signal_groups(left, 0)
         _signal_groups(left, signal.SIGKILL)
+        if self.forkserver is not None:  # it ends once its last node has: collect it
+            self.forkserver.close()
         if self.procs:  # and what left its group (setsid) below a worker killed with SIGKILL,
             stop_marked(envvars.LAUNCH, self._mark, 1.0)  # which would have stopped it
 

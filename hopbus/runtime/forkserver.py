@@ -1,0 +1,332 @@
+"""Start a run's nodes by forking them from one process that has already imported hopbus.
+
+Each ``hopbus worker`` started afresh spends about a second of CPU importing numpy, redis-py,
+pyzmq, networkx, pydantic and hopbus before its first step: N seconds of a laptop's cores for
+``hopbus train -n N``, and most of the test suite's time. So the launcher starts one process
+that imports all of that once (this module, run as ``python -m hopbus.runtime.forkserver``),
+and asks it to fork each node: the same ``hopbus worker`` command line, in a session of its
+own, its output into its log, its environment the launcher's, asked to die with the server as
+the server is asked to die with the launcher. It is ``multiprocessing``'s forkserver made for
+one job: the server holds no thread, no socket and no Redis connection when it forks, and
+nothing of TensorFlow or of a user's code is ever imported into it (a node imports those after
+the fork, as any process would).
+
+The launcher talks to the server over its stdin and stdout, a line each way:
+``{"argv": [...], "log": PATH, "name": NAME}`` asks for a node, ``ok PID`` answers it, and
+``exit PID STATUS`` (Popen's returncode: negative for a signal) tells each end. A server that
+cannot start, or dies before answering, leaves the launcher to start every node the plain way
+(``HOPBUS_FORKSERVER=0`` asks for that from the start: each node a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hopbus.runtime import env as envvars
+
+ANSWER_S = 120.0
+"""How long the launcher waits for the server's answers (its imports, on a busy machine)
+before it kills it and starts the nodes the plain way."""
+
+GONE_CODE = -signal.SIGTERM
+"""The exit status told of a node whose server died before telling its end: the kernel sent
+it SIGTERM then (it asked to die with the server)."""
+
+
+def wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether nodes are forked from a server (Linux; not turned off by HOPBUS_FORKSERVER=0)."""
+    value = environ.get(envvars.FORKSERVER, "").strip()
+    return hasattr(os, "fork") and sys.platform == "linux" and (not value or envvars.flag(value))
+
+
+class ForkServer:
+    """The launcher's side: one server, the nodes it forked, and their exit statuses."""
+
+    def __init__(self, env: dict[str, str], run: str, longest: int) -> None:
+        """``longest``: the longest node command line, in bytes: the server's own is made as
+        long (blanks at its end), so that each node can show its own in its place."""
+        from hopbus.coord.broker import _die_with_parent
+
+        argv = [sys.executable, "-m", "hopbus.runtime.forkserver", "--run", run]
+        room = longest - sum(len(os.fsencode(a)) + 1 for a in argv)
+        self.proc = subprocess.Popen(
+            [*argv, " " * max(1, room)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # it says what it has to say on stdout, or nothing
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the launcher only, as for its nodes
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        assert self.proc.stdout is not None
+        self._out = self.proc.stdout.fileno()
+        self._buf = b""
+        self._answers: list[int] = []
+        self.exits: dict[int, int] = {}
+        self.pids: list[int] = []
+        self.ended = False  # the server is gone: what it did not tell is found by looking
+        self.orphaned: set[int] = set()  # nodes whose end it did not live to tell
+
+    def start(self, nodes: list[tuple[list[str], Path, str]]) -> list[Forked] | None:
+        """Fork every node (``hopbus`` arguments, log file, short name); None if the server
+        failed first, with none of them left running: the caller starts them itself."""
+        try:
+            assert self.proc.stdin is not None
+            for argv, log, name in nodes:
+                line = json.dumps({"argv": argv, "log": str(log), "name": name})
+                self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.close()  # no more: it ends once its last node has ended
+            deadline = time.monotonic() + ANSWER_S
+            while len(self._answers) < len(nodes) and not self.ended:
+                if time.monotonic() >= deadline:
+                    break
+                self.pump(deadline - time.monotonic())
+        except (OSError, ValueError):
+            pass  # a server that died before reading: its pipe is broken
+        if len(self._answers) == len(nodes):
+            self.pids = list(self._answers)
+            return [Forked(self, pid) for pid in self.pids]
+        self.abandon()
+        return None
+
+    def abandon(self) -> None:
+        """Kill the server and whatever it forked already (each in a group of its own)."""
+        for pid in self._answers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        self.ended = True
+
+    def close(self) -> None:
+        """Read the server's last words and collect it once its nodes have ended (a second
+        at most, then it is killed: by then the launcher has stopped every node)."""
+        deadline = time.monotonic() + 1.0
+        while not self.ended and time.monotonic() < deadline:
+            self.pump(deadline - time.monotonic())
+        if not self.ended:
+            self.proc.kill()
+            self.proc.wait()
+            self.ended = True
+
+    def pump(self, timeout: float) -> None:
+        """Read what the server said within ``timeout`` seconds (0: only what is there)."""
+        if self.ended:
+            self._look()
+            if timeout > 0 and any(pid not in self.exits for pid in self.pids):
+                time.sleep(min(timeout, 0.05))  # polling: these are no children of ours
+            return
+        ready = select.select([self._out], [], [], max(0.0, timeout))[0]
+        if not ready:
+            return
+        data = os.read(self._out, 1 << 16)
+        if not data:  # the server ended: after its last node, or killed
+            self.ended = True
+            self.proc.wait()
+            self._look()
+            return
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            words = line.split()
+            if len(words) == 2 and words[0] == b"ok":
+                self._answers.append(int(words[1]))
+            elif len(words) == 3 and words[0] == b"exit":
+                self.exits[int(words[1])] = int(words[2])
+
+    def _look(self) -> None:
+        """With the server gone, a node it did not report is over once it is gone too."""
+        for pid in self.pids:
+            if pid not in self.exits and not _alive(pid):
+                self.exits[pid] = GONE_CODE
+                self.orphaned.add(pid)
+
+    def died(self) -> str | None:
+        """How the server ended, if it died before its nodes (killed, or crashed)."""
+        code = self.proc.returncode
+        if not self.orphaned or code is None:
+            return None
+        return (
+            f"was killed by {signal.Signals(-code).name}"
+            if code < 0
+            else f"exited with status {code}"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Forked:
+    """One forked node, as much of ``subprocess.Popen`` as the launcher uses."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.pump(0)
+            self.returncode = self.server.exits.get(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0.0)
+            self.server.pump(min(left, 1.0))
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: an ended node is not signalled (its pid is free)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+# -- the server's side ----------------------------------------------------------------------------
+def _preload() -> None:
+    """What every node imports before its first step, imported once here."""
+    import hopbus.cli.main
+    import hopbus.runtime.command
+    import hopbus.runtime.join
+    import hopbus.runtime.own_code
+    import hopbus.runtime.worker  # noqa: F401
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # the launcher is gone: the kernel ends us next
+        os.write(1, line.encode() + b"\n")
+
+
+def serve() -> tuple[list[str], str] | None:
+    """Fork a node for each request on stdin; in a node, return its (argv, name) for the
+    caller to run; in the server, None once stdin has closed and every node has ended."""
+    _preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the select below
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a session of its own: the launcher decides
+    children: set[int] = set()
+    buf = b""
+    reading = True
+    while reading or children:
+        watched = [0, wake_r] if reading else [wake_r]
+        ready = select.select(watched, [], [])[0]
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
+        if 0 not in ready:
+            continue
+        data = os.read(0, 1 << 16)
+        if not data:
+            reading = False
+            continue
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _become(request["log"], (wake_r, wake_w))
+                return [str(a) for a in request["argv"]], str(request["name"])
+            children.add(pid)
+            _say(f"ok {pid}")
+    return None
+
+
+def _become(log: str, fds: tuple[int, int]) -> None:
+    """In a fresh fork: what ``Popen(start_new_session=True, stdout=log, stderr=STDOUT,
+    stdin=DEVNULL, preexec_fn=_die_with_parent)`` would have given it."""
+    from hopbus.coord.broker import _die_with_parent
+
+    server = os.getppid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in fds:
+        os.close(fd)
+    os.setsid()
+    _die_with_parent()
+    if os.getppid() != server:  # it died before the line above took effect
+        os._exit(1)
+    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    os.dup2(null, 0)
+    os.close(null)
+    np = sys.modules.get("numpy")
+    if np is not None:  # numpy's global generator is not reseeded by a fork, as random's is
+        np.random.seed()
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """A node's command line, as a node started the plain way has it."""
+    return [sys.executable, "-m", "hopbus", *argv]
+
+
+def _retitle(words: list[str], name: str) -> None:
+    """Show the node as what it is: its own command line where ps, pgrep -f and
+    /proc/PID/cmdline read it (written over the server's, which was made as long), and its
+    short name where ps -o comm and top read it. Nothing if the kernel does not tell where
+    the command line lies."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    with contextlib.suppress(Exception):
+        stat = Path("/proc/self/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49: arg_start, arg_end
+        text = b"".join(os.fsencode(w) + b"\0" for w in words)
+        if 0 < start < end and len(text) <= end - start:
+            ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
+
+
+if __name__ == "__main__":
+    node = serve()
+    if node is not None:  # a node: from here on it is `python -m hopbus ARGV`
+        argv, name = node
+        _retitle(command_line(argv), name)
+        import hopbus
+        from hopbus.cli.entry import main
+
+        sys.argv = [str(Path(hopbus.__file__).with_name("__main__.py")), *argv]
+        main()
