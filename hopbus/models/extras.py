@@ -22,6 +22,19 @@ def install_hint(extra: str) -> str:
     return f"pip install -e '.[{extra}]'"
 
 
+MISSING_HINTS = {"tensorflow": "tf", "keras": "tf", "torch": "torch"}
+"""The packages a user's script commonly lacks that hopbus's extras install, by import name."""
+
+
+def missing_hint(module: str) -> str | None:
+    """What installs ``module`` (a script's ``No module named 'keras'``), if an extra of
+    hopbus's does: ``pip install -e '.[tf]'``; PyTorch's CPU build for torch."""
+    extra = MISSING_HINTS.get(module.partition(".")[0])
+    if extra is None:
+        return None
+    return TORCH_CPU if extra == "torch" else install_hint(extra)
+
+
 def require(module: str, *, feature: str, package: str, extra: str, load: bool = True) -> None:
     """Refuse ``feature`` in one ConfigError line when ``module`` cannot be imported.
 

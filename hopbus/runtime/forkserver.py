@@ -75,6 +75,15 @@ class ForkServer:
         self.ended = False  # the server is gone: what it did not tell is found by looking
         self.orphaned: set[int] = set()  # nodes whose end it did not live to tell
 
+    @classmethod
+    def launch(
+        cls, env: dict[str, str], run: str, nodes: list[tuple[list[str], Path, str]]
+    ) -> tuple[ForkServer, list[Forked] | None]:
+        """A server for ``nodes``, and the nodes it forked (None: see ``start``)."""
+        longest = max(len(os.fsencode(" ".join(command_line(argv)))) for argv, _, _ in nodes)
+        server = cls(env, run, longest + 1)
+        return server, server.start(nodes)
+
     def start(self, nodes: list[tuple[list[str], Path, str]]) -> list[Forked] | None:
         """Fork every node (``hopbus`` arguments, log file, short name); None if the server
         failed first, with none of them left running: the caller starts them itself."""
@@ -91,6 +100,9 @@ class ForkServer:
                 self.pump(deadline - time.monotonic())
         except (OSError, ValueError):
             pass  # a server that died before reading: its pipe is broken
+        except BaseException:  # Ctrl-C while it forks: nothing of it is left running
+            self.abandon()
+            raise
         if len(self._answers) == len(nodes):
             self.pids = list(self._answers)
             return [Forked(self, pid) for pid in self.pids]
@@ -163,13 +175,15 @@ class ForkServer:
 
 
 def _alive(pid: int) -> bool:
+    """Whether an orphaned node still runs: a zombie does not (its new parent has yet to
+    collect it; this process, if it is that parent: PID 1 in a container, a subreaper)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rindex(")") + 2 :][:1] != "Z"
 
 
 class Forked:

@@ -90,7 +90,20 @@ def cause(tail: list[str], last: int = TAIL_LINES) -> str:
             f"{Path(m['file']).name}, line {m['line']})"
         )
     where = f", in {m['func']}" if m["func"] else ""  # a SyntaxError's place names none
-    return f"{said} ({Path(m['file']).name}, line {m['line']}{where})"
+    return f"{said} ({Path(m['file']).name}, line {m['line']}{where}){_install(said)}"
+
+
+_MISSING = re.compile(r"^ModuleNotFoundError: No module named '(?P<module>[\w.]+)'")
+
+
+def _install(said: str) -> str:
+    """For a package one of hopbus's extras installs (a Keras script run without TensorFlow):
+    the command that installs it."""
+    from hopbus.models.extras import missing_hint
+
+    m = _MISSING.match(said)
+    hint = missing_hint(m["module"]) if m else None
+    return f"; install it: {hint}" if hint else ""
 
 
 __all__ = ["ERROR_PREFIX", "cause", "said"]

@@ -1,10 +1,11 @@
 """``hopbus train``: a local cluster on one machine.
 
 Starts (or connects to) Redis, records the run, spawns one ``hopbus worker`` process per
-worker, follows the progress stream live (metrics.jsonl, gaps, the display), and ends with the
-summary. Workers run in their own sessions, so the launcher alone decides when they stop: on
-Ctrl-C, on a worker's failure, or at the end. Each worker also asks the kernel to stop it if
-the launcher dies, so no process outlives the run.
+worker (forked from one that imported hopbus once: forkserver.py), follows the progress stream
+live (metrics.jsonl, gaps, the display), and ends with the summary. Workers run in their own
+sessions, so the launcher alone decides when they stop: on Ctrl-C, on a worker's failure, or
+at the end. Each worker also asks the kernel to stop it if its parent dies (the fork server,
+which asks the same of the launcher), so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -481,16 +482,8 @@ class Launcher:
             self._open_log(log)
         forked = None
         if forkserver.wanted(os.environ):
-            longest = max(
-                len(os.fsencode(" ".join(forkserver.command_line(args)))) for args, *_ in nodes
-            )
-            self.forkserver = forkserver.ForkServer(env, self.keys.run, longest + 1)
-            forked = self.forkserver.start(
-                [
-                    (args, log, "hop-ps" if node == n else f"hop-w{node}")
-                    for args, log, node, _ in nodes
-                ]
-            )
+            short = [(a, log, "hop-ps" if i == n else f"hop-w{i}") for a, log, i, _ in nodes]
+            self.forkserver, forked = forkserver.ForkServer.launch(env, self.keys.run, short)
         for k, (args, log, node, name) in enumerate(nodes):
             popen = forked[k] if forked is not None else self._start(args, log, env)
             self.procs.append(Proc(node, popen, log, name=name))

@@ -29,10 +29,8 @@ def _comm(pid: int) -> str:
     return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
-def _server(nodes: list[tuple[list[str], Path, str]], run: str, env: dict[str, str] | None = None):
-    longest = max(len(" ".join(forkserver.command_line(argv))) for argv, _, _ in nodes)
-    server = forkserver.ForkServer(env or clean_env(), run, longest + 1)
-    return server, server.start(nodes)
+def _server(nodes: list[tuple[list[str], Path, str]], run: str):
+    return forkserver.ForkServer.launch(clean_env(), run, nodes)
 
 
 def test_a_forked_node_looks_logs_and_ends_as_a_started_one(redis_url, tmp_path):

@@ -25,7 +25,9 @@ from hopbus.coord.keys import RunKeys
 from hopbus.runtime.checkpoint import iterations, newest_complete
 
 WORKERS = 4
-ITERATIONS = 300  # long enough that the run is still going when the resume is tried
+# long enough that the run is still going when the resume is tried: 10 s after iteration
+# 40 at least (the refused resume's imports took over 5 s on a busy machine)
+ITERATIONS = 240
 EVERY = 10
 
 
@@ -33,7 +35,7 @@ def test_a_killed_train_resumes_from_its_newest_checkpoint_set(redis_url, tmp_pa
     out = tmp_path / "run"
     flags = [
         "-n", str(WORKERS), "--topology", "ring-based", "--mode", "backup", "--backup", "1",
-        "--iterations", str(ITERATIONS), "--checkpoint-every", str(EVERY), "--iter-time", "0.02",
+        "--iterations", str(ITERATIONS), "--checkpoint-every", str(EVERY), "--iter-time", "0.05",
     ]  # fmt: skip
     args, run = train_args(redis_url, out, *flags)
     folder = out / "checkpoints"

@@ -171,3 +171,25 @@ def test_a_line_without_end_on_stderr_is_copied_in_bounded_reads():
     head, *rest = pump.tail
     assert head == "#" * KEPT_CHARS
     assert rest == ["Traceback (most recent call last):", "ValueError: x"]
+
+
+def test_a_missing_package_that_an_extra_installs_comes_with_its_command():
+    """A Keras script launched without TensorFlow: the line says how to install it, as
+    ``hopbus train --model cnn`` does; a package hopbus does not install gets no hint."""
+
+    def tail(module: str) -> list[str]:
+        return [
+            "Traceback (most recent call last):",
+            '  File "/home/u/keras_cnn.py", line 33, in <module>',
+            f"    import {module}",
+            f"ModuleNotFoundError: No module named '{module}'",
+        ]
+
+    assert cause(tail("keras")) == (
+        "ModuleNotFoundError: No module named 'keras' (keras_cnn.py, line 33, in <module>); "
+        "install it: pip install -e '.[tf]'"
+    )
+    assert cause(tail("torch.nn")).endswith(
+        "install it: pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    )
+    assert cause(tail("pandas")).endswith("(keras_cnn.py, line 33, in <module>)")
