@@ -11,9 +11,11 @@ since its previous move divided by how many iterations it moved (a jump of J cou
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 from hopbus.gaps import PAIRS_CHECKED, GapMonitor
@@ -23,6 +25,20 @@ P50_SAMPLE = 1_000_000
 MAX_RUN_S = 1e9
 """No run's ``t`` (seconds since it began) is larger: about 30 years. A larger one in a
 results file is junk, passed over by whatever reads it."""
+
+
+def mean(values: Iterable[float]) -> float:
+    """``statistics.fmean`` that a sum beyond the largest float cannot break: a loss of 1e308
+    on two workers (a model diverging through the finite range, or a number a script or
+    Redis handed over) has a mean, as any numbers have; inf and -inf together have none
+    (nan). The same value as fmean wherever fmean has one."""
+    values = list(values)
+    try:
+        return statistics.fmean(values)
+    except OverflowError:  # its sum overflowed: the terms divided first cannot
+        return math.fsum(v / len(values) for v in values)
+    except ValueError:  # fsum of inf and -inf
+        return math.nan
 
 
 def run_seconds(t: Any) -> float | None:
@@ -81,7 +97,7 @@ class RunStats:
         ]
         known = [p for p in per if p is not None]
         return {
-            "mean": statistics.fmean(known) if known else None,
+            "mean": mean(known) if known else None,
             "p50": statistics.median(self.steps) if self.steps else None,
             "per_worker": per,
         }

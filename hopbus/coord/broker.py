@@ -74,14 +74,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when its parent dies, so a killed
-    launcher leaves no orphan server or worker behind."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In the child before exec: ask Linux to send it ``sig`` when its parent dies, so a
+    killed launcher leaves no orphan server or worker behind."""
     with contextlib.suppress(Exception):
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 _PREFIX = "hopbus-redis-"

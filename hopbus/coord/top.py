@@ -222,7 +222,7 @@ class TopReader:
         waits_s = (now_ms - s.latest_ms) / 1000 if waits and s.latest_ms is not None else None
         own = [sizes[(j, i)] for j in topo.out_peers[i] if (j, i) in sizes]
         caps = [
-            token_queue_capacity(setting.max_ig, int(topo.distances[j, i]))
+            token_queue_capacity(setting.max_ig, topo.return_distance(i, j))  # Path j->i
             for j in topo.out_peers[i]
         ]
         tokens = own and setting.max_ig > 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import statistics
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hopbus.errors import ConfigError
-from hopbus.summary import RunStats, run_seconds
+from hopbus.summary import RunStats, mean, run_seconds
 from hopbus.topology.graphs import MAX_WORKERS
 from hopbus.userfiles import not_regular
 
@@ -128,7 +127,7 @@ def mean_test_loss_over_time(
         latest[e["worker"]] = float(e["eval_loss"])
         if len(latest) == len(evaluating):
             xs.append(float(e["t"]))
-            ys.append(statistics.fmean(latest.values()))
+            ys.append(mean(latest.values()))
     if end is not None and _number(end[0]) and _number(end[1]) and (not xs or end[0] >= xs[-1]):
         xs.append(float(end[0]))
         ys.append(float(end[1]))
@@ -145,9 +144,9 @@ def mean_train_loss_by_iteration(
         if _number(e.get("loss")) and isinstance(e.get("iter"), int):
             by_iter.setdefault(e["iter"], []).append(float(e["loss"]))
     iters = sorted(by_iter)
-    means = [statistics.fmean(by_iter[i]) for i in iters]
+    means = [mean(by_iter[i]) for i in iters]
     window = max(1, smoothing)
-    smoothed = [statistics.fmean(means[max(0, k - window + 1) : k + 1]) for k in range(len(means))]
+    smoothed = [mean(means[max(0, k - window + 1) : k + 1]) for k in range(len(means))]
     return Curve([float(i) for i in iters], smoothed)
 
 

@@ -36,6 +36,10 @@ ANSWER_S = 120.0
 """How long the launcher waits for the server's answers (its imports, on a busy machine)
 before it kills it and starts the nodes the plain way."""
 
+UNTOLD_S = 2.0
+"""How long a node may have ended without its server telling (a server stopped with kill
+-STOP, or hung) before the launcher kills the server and looks at the node itself."""
+
 GONE_CODE = -signal.SIGTERM
 """The exit status told of a node whose server died before telling its end: the kernel sent
 it SIGTERM then (it asked to die with the server)."""
@@ -64,7 +68,9 @@ class ForkServer:
             stderr=subprocess.DEVNULL,  # it says what it has to say on stdout, or nothing
             env=env,
             start_new_session=True,  # Ctrl-C reaches the launcher only, as for its nodes
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            # SIGKILL: it has nothing to clean up, and a stopped server (kill -STOP) would
+            # hold a SIGTERM, and its nodes, until someone sent SIGCONT
+            preexec_fn=lambda: _die_with_parent(signal.SIGKILL),  # noqa: PLW1509
         )
         assert self.proc.stdout is not None
         self._out = self.proc.stdout.fileno()
@@ -114,10 +120,16 @@ class ForkServer:
         for pid in self._answers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the server (its nodes get their parent-death signal): what it did not tell
+        is found by looking at them."""
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         self.proc.wait()
         self.ended = True
+        self._look()
 
     def close(self) -> None:
         """Read the server's last words and collect it once its nodes have ended (a second
@@ -126,9 +138,7 @@ class ForkServer:
         while not self.ended and time.monotonic() < deadline:
             self.pump(deadline - time.monotonic())
         if not self.ended:
-            self.proc.kill()
-            self.proc.wait()
-            self.ended = True
+            self.kill()
 
     def pump(self, timeout: float) -> None:
         """Read what the server said within ``timeout`` seconds (0: only what is there)."""
@@ -202,11 +212,18 @@ class Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        ended_at: float | None = None  # when it was first seen ended, its end untold
         while self.poll() is None:
-            left = 1.0 if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            left = 1.0 if deadline is None else deadline - now
             if left <= 0:
                 raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0.0)
-            self.server.pump(min(left, 1.0))
+            if not _alive(self.pid):
+                ended_at = now if ended_at is None else ended_at
+                if now - ended_at > UNTOLD_S:  # a server that does not collect its nodes
+                    self.server.kill()  # (stopped, or hung): it goes, they are looked at
+                    continue
+            self.server.pump(min(left, 0.1 if ended_at is not None else 1.0))
         assert self.returncode is not None
         return self.returncode
 

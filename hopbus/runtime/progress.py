@@ -9,7 +9,6 @@ uses, which is why a real run's summary has the simulator's fields and meanings.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from hopbus.coord.keys import RunKeys
 from hopbus.coord.tokens import queue_sizes, token_edges
 from hopbus.gaps import GapMonitor
 from hopbus.modes import Family, Mode
-from hopbus.summary import MAX_RUN_S, RunStats, progress_summary
+from hopbus.summary import MAX_RUN_S, RunStats, mean, progress_summary
 from hopbus.topology import GapSetting, Topology
 
 _INTS = ("worker", "iter", "jump", "dead", "rejoin", "restore")
@@ -263,7 +262,11 @@ class Replay:
             (self.stats.enter if contiguous else self.stats.restart)(w, it, t)
         else:
             self.monitor.enter(w, it)
-            self.stats.enter(w, it, t)
+            if self._unplaced is not None and w in self._unplaced and not contiguous:
+                self.missed += 1  # its first entry since Redis restarted empty: the steps
+                self.stats.restart(w, it, t)  # between were lost with the stream, no jump
+            else:
+                self.stats.enter(w, it, t)
         v.iteration, v.t = it, t
         v.loss = rec.get("loss", v.loss)
         v.wait_s = rec.get("wait_s", 0.0)
@@ -348,13 +351,13 @@ class Replay:
             return
         gone = self.monitor.gone
         losses = [v.eval_loss for i, v in enumerate(self.views) if i not in gone]
-        if all(x is not None for x in losses) and statistics.fmean(losses) <= self.target_loss:
+        if all(x is not None for x in losses) and mean(losses) <= self.target_loss:
             self.time_to_target = t
 
 
 def _mean(values: list[float]) -> float | None:
     finite = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.fmean(finite) if finite else None
+    return mean(finite) if finite else None
 
 
 def summarize_run(

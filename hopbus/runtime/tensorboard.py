@@ -10,6 +10,7 @@ worker never pays TensorFlow's import for it. Writes are buffered and flushed ev
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -88,11 +89,23 @@ def event(wall_time: float, step: int = 0, *, scalars: dict[str, float] | None =
         out += _bytes_field(7, _field(1, 0) + _varint(session))
     if scalars:
         values = b"".join(
-            _bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5) + struct.pack("<f", v))
+            _bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5) + _float32(v))
             for tag, v in scalars.items()
         )
         out += _bytes_field(5, values)
     return out
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(v: float) -> bytes:
+    """``v`` as TensorBoard's float: one beyond float32's range is infinite, as numpy's
+    ``float32(v)`` is (struct refuses it: a float64 loss on its way to inf, 1e39 say,
+    stopped the worker before its divergence could be said)."""
+    if abs(v) > FLOAT32_MAX:
+        v = math.copysign(math.inf, v)
+    return struct.pack("<f", v)
 
 
 def record(data: bytes) -> bytes:

@@ -108,3 +108,23 @@ def test_without_a_server_the_nodes_start_the_plain_way(redis_url, tmp_path):
         p, s = train(redis_url, tmp_path / f"r{i}", "-n", "2", "--iterations", "30", env=env)
         assert p.returncode == 0, p.stderr
         assert s is not None and s["finished"] and s["iterations"]["min"] == 30, s
+
+
+def test_ctrl_c_with_a_stopped_server_still_ends_the_run(redis_url, tmp_path):
+    """Fault ``forkserver_stopped``: kill -STOP of the fork server, then Ctrl-C. Its nodes
+    end but it cannot collect them: the launcher waited forever. Now it kills the server,
+    sees its nodes gone, and ends as stopped; nothing is left, zombies included."""
+    args, run = train_args(redis_url, tmp_path / "r", "-n", "3", "--iterations", "100000",
+                           "--iter-time", "0.01")  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())  # fmt: skip
+    wait_iteration(redis.Redis.from_url(redis_url), RunKeys(run), 0, 5)
+    servers = [p for p in processes_mentioning(run) if "hopbus.runtime.forkserver" in _cmdline(p)]
+    assert len(servers) == 1, servers
+    os.kill(servers[0], signal.SIGSTOP)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not processes_mentioning(run)
+    wait_for(lambda: not Path(f"/proc/{servers[0]}").exists(), 30, "the server to go")

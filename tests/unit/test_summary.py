@@ -1,5 +1,7 @@
 """Iteration-time statistics of the summary object."""
 
+import pytest
+
 from hopbus import summary
 
 
@@ -130,3 +132,19 @@ def test_inspect_shows_an_events_markup_as_text():
     render.inspect(console, snap)
     text = console.export_text()
     assert "message=[/x] [link=y]z" in text and "on [/x]" in text, text
+
+
+def test_a_mean_of_numbers_too_large_to_add_is_still_a_mean():
+    """A loss of 1e308 on two workers: fmean's sum overflowed, and the launcher died with a
+    traceback and no summary.json. Ordinary numbers get fmean's very value."""
+    import math
+    import statistics
+
+    from hopbus.summary import mean
+
+    assert mean([1e308, 1e308]) == 1e308
+    assert mean([1.7e308, 1.7e308, -1.0]) == pytest.approx(1.7e308 / 3 * 2)
+    assert math.isnan(mean([math.inf, -math.inf]))
+    assert mean([math.inf, 1.0]) == math.inf
+    values = [0.1, 0.2, 0.7, 1e-9, 3.0]
+    assert mean(values) == statistics.fmean(values)

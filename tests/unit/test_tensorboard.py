@@ -58,3 +58,14 @@ def test_a_folder_it_cannot_write_stops_the_scalars_not_the_run(tmp_path, capsys
     writer.add(2, {"loss": 0.5})
     writer.flush()
     assert capsys.readouterr().err.count("TensorBoard scalars stop") == 1
+
+
+def test_a_value_beyond_float32_is_infinite_not_a_crash():
+    """A float64 loss on its way to inf passes 1e39: struct refused it, and the worker died
+    of an OverflowError before its divergence could be said."""
+    import math
+
+    for v, shown in ((1e39, math.inf), (-1e300, -math.inf), (3.0e38, 3.0e38)):
+        data = event(0.0, 1, scalars={"x": v})
+        (value,) = struct.unpack("<f", data[-4:])
+        assert value == pytest.approx(shown, rel=1e-6)
