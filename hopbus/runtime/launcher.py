@@ -1852,7 +1852,10 @@ def _out_folder(out: Path | None, keys: RunKeys, *, watch: bool = False) -> Path
         if watch and _watched_before(out, keys.run):
             return out
         choose = "another --out" if watch else "another --run or --out"
-        raise ConfigError(f"--out {str(out)!r} already holds files: choose {choose}, or remove it")
+        what = "files"
+        if (out / "summary.json").is_file():  # a watch of a run whose results are there
+            what = "a run's results (its summary.json: the run ended)"
+        raise ConfigError(f"--out {str(out)!r} already holds {what}: choose {choose}, or remove it")
     return out
 
 

@@ -864,6 +864,9 @@ def test_a_watch_stopped_with_ctrl_c_can_be_started_again(redis_url, redis_clien
     assert len(lines) == len({(json.loads(x)["worker"], json.loads(x)["iter"]) for x in lines})
     for w in workers:
         w.communicate(timeout=60)
+    done = hopbus("watch", "--run", run, "--out", str(out), "--redis", redis_url)
+    assert done.returncode == 2, done.stderr
+    assert "already holds a run's results (its summary.json: the run ended)" in done.stderr
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     refused = hopbus("watch", "--run", run, "--out", str(tmp_path / "other"), "--redis", redis_url)
