@@ -176,7 +176,8 @@ def test_a_keras_model_is_refused_by_the_modes_that_move_other_bytes(redis_url, 
         "--model", f"{EXAMPLE}:model", "--data", f"{EXAMPLE}:data",
     )  # fmt: skip
     assert p.returncode == 2 and s is None, p.stderr
-    (line,) = p.stderr.strip().splitlines()
+    *notes, line = p.stderr.strip().splitlines()  # on a busy machine, importing the example
+    assert all("still running after" in note for note in notes), notes  # is noted as it goes
     assert line.startswith(f"hopbus: error: --model {EXAMPLE}:model (a Keras model) trains with")
     assert "--mode ps-bsp moves its bytes with a driver of its own" in line
 
