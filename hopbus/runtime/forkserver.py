@@ -30,11 +30,16 @@ import sys
 import time
 from pathlib import Path
 
+from hopbus.errors import RunFailure
 from hopbus.runtime import env as envvars
+from hopbus.runtime import interrupts
 
 ANSWER_S = 120.0
 """How long the launcher waits for the server's answers (its imports, on a busy machine)
 before it kills it and starts the nodes the plain way."""
+
+ARG_MAX_BYTES = 128 * 1024 - 1
+"""The longest single argument Linux takes (MAX_ARG_STRLEN, its NUL included)."""
 
 UNTOLD_S = 2.0
 """How long a node may have ended without its server telling (a server stopped with kill
@@ -60,9 +65,11 @@ class ForkServer:
         from hopbus.coord.broker import _die_with_parent
 
         argv = [sys.executable, "-m", "hopbus.runtime.forkserver", "--run", run]
-        room = longest - sum(len(os.fsencode(a)) + 1 for a in argv)
+        room = max(1, longest - sum(len(os.fsencode(a)) + 1 for a in argv))
+        blanks = [" " * ARG_MAX_BYTES] * (room // (ARG_MAX_BYTES + 1))  # Linux's bound on one
+        blanks.append(" " * max(1, room - len(blanks) * (ARG_MAX_BYTES + 1)))  # argument
         self.proc = subprocess.Popen(
-            [*argv, " " * max(1, room)],
+            [*argv, *blanks],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # it says what it has to say on stdout, or nothing
@@ -75,7 +82,7 @@ class ForkServer:
         assert self.proc.stdout is not None
         self._out = self.proc.stdout.fileno()
         self._buf = b""
-        self._answers: list[int] = []
+        self._answers: list[tuple[int, int]] = []  # (pid, start time) of each node forked
         self.exits: dict[int, int] = {}
         self.pids: list[int] = []
         self.ended = False  # the server is gone: what it did not tell is found by looking
@@ -84,10 +91,14 @@ class ForkServer:
     @classmethod
     def launch(
         cls, env: dict[str, str], run: str, nodes: list[tuple[list[str], Path, str]]
-    ) -> tuple[ForkServer, list[Forked] | None]:
-        """A server for ``nodes``, and the nodes it forked (None: see ``start``)."""
+    ) -> tuple[ForkServer | None, list[Forked] | None]:
+        """A server for ``nodes``, and the nodes it forked (None: see ``start``; no server
+        if it could not be started at all)."""
         longest = max(len(os.fsencode(" ".join(command_line(argv)))) for argv, _, _ in nodes)
-        server = cls(env, run, longest + 1)
+        try:
+            server = cls(env, run, longest + 1)
+        except OSError:  # (E2BIG, ENOMEM, ...): the nodes, started plainly, will say it
+            return None, None
         return server, server.start(nodes)
 
     def start(self, nodes: list[tuple[list[str], Path, str]]) -> list[Forked] | None:
@@ -110,16 +121,26 @@ class ForkServer:
             self.abandon()
             raise
         if len(self._answers) == len(nodes):
-            self.pids = list(self._answers)
-            return [Forked(self, pid) for pid in self.pids]
+            self.pids = [pid for pid, _ in self._answers]
+            return [Forked(self, pid, since) for pid, since in self._answers]
+        started = len(self._answers)
         self.abandon()
+        if started:  # some may have taken their place in the run: a second start is refused
+            raise RunFailure(
+                f"hopbus's fork server stopped after starting {started} of {len(nodes)} "
+                f"nodes ({self.died() or 'no answer'}); start the run again, or with "
+                f"{envvars.FORKSERVER}=0"
+            )
         return None
 
     def abandon(self) -> None:
-        """Kill the server and whatever it forked already (each in a group of its own)."""
-        for pid in self._answers:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        """Kill the server and whatever it forked already (each in a group of its own, or
+        about to be: the node itself too)."""
+        for pid, since in self._answers:
+            if _started(pid) == since:
+                for kill in (os.killpg, os.kill):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        kill(pid, signal.SIGKILL)
         self.kill()
 
     def kill(self) -> None:
@@ -150,6 +171,10 @@ class ForkServer:
         ready = select.select([self._out], [], [], max(0.0, timeout))[0]
         if not ready:
             return
+        with interrupts.deferred():  # what was read is parsed: a Ctrl-C waits for it
+            self._read()
+
+    def _read(self) -> None:
         data = os.read(self._out, 1 << 16)
         if not data:  # the server ended: after its last node, or killed
             self.ended = True
@@ -160,22 +185,22 @@ class ForkServer:
         *lines, self._buf = self._buf.split(b"\n")
         for line in lines:
             words = line.split()
-            if len(words) == 2 and words[0] == b"ok":
-                self._answers.append(int(words[1]))
+            if len(words) == 3 and words[0] == b"ok":
+                self._answers.append((int(words[1]), int(words[2])))
             elif len(words) == 3 and words[0] == b"exit":
                 self.exits[int(words[1])] = int(words[2])
 
     def _look(self) -> None:
         """With the server gone, a node it did not report is over once it is gone too."""
-        for pid in self.pids:
-            if pid not in self.exits and not _alive(pid):
+        for pid, since in self._answers:
+            if pid not in self.exits and not _alive(pid, since):
                 self.exits[pid] = GONE_CODE
                 self.orphaned.add(pid)
 
     def died(self) -> str | None:
-        """How the server ended, if it died before its nodes (killed, or crashed)."""
+        """How the server ended, if it died early (killed, or crashed)."""
         code = self.proc.returncode
-        if not self.orphaned or code is None:
+        if code is None or code == 0:
             return None
         return (
             f"was killed by {signal.Signals(-code).name}"
@@ -184,51 +209,74 @@ class ForkServer:
         )
 
 
-def _alive(pid: int) -> bool:
-    """Whether an orphaned node still runs: a zombie does not (its new parent has yet to
-    collect it; this process, if it is that parent: PID 1 in a container, a subreaper)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields from the third (state) on; None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :][:1] != "Z"
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot: field 22): with its pid, which
+    process it is, as a pid freed by an ended node may be another's by the time it is read."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _alive(pid: int, since: int) -> bool:
+    """Whether node ``pid`` (started at ``since``) still runs: a zombie does not (its parent
+    has yet to collect it; this process, if it is that parent: PID 1 in a container, a
+    subreaper), nor a process that took its pid after it."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == since
 
 
 class Forked:
     """One forked node, as much of ``subprocess.Popen`` as the launcher uses."""
 
-    def __init__(self, server: ForkServer, pid: int) -> None:
+    def __init__(self, server: ForkServer, pid: int, since: int) -> None:
         self.server = server
         self.pid = pid
+        self.since = since  # its start time: a pid alone may name another process later
         self.returncode: int | None = None
+        self._ended_at: float | None = None  # when it was first seen ended, its end untold
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.server.pump(0)
             self.returncode = self.server.exits.get(self.pid)
+        if self.returncode is None and self._untold():
+            self.server.kill()  # (stopped, or hung): it goes, its nodes are looked at
+            self.returncode = self.server.exits.get(self.pid)
         return self.returncode
+
+    def _untold(self) -> bool:
+        """Whether it ended UNTOLD_S ago and its server has not said so: a server that does
+        not collect its nodes (stopped with kill -STOP, or hung)."""
+        if self.server.ended or _alive(self.pid, self.since):
+            self._ended_at = None
+            return False
+        now = time.monotonic()
+        self._ended_at = now if self._ended_at is None else self._ended_at
+        return now - self._ended_at > UNTOLD_S
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        ended_at: float | None = None  # when it was first seen ended, its end untold
         while self.poll() is None:
-            now = time.monotonic()
-            left = 1.0 if deadline is None else deadline - now
+            left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0.0)
-            if not _alive(self.pid):
-                ended_at = now if ended_at is None else ended_at
-                if now - ended_at > UNTOLD_S:  # a server that does not collect its nodes
-                    self.server.kill()  # (stopped, or hung): it goes, they are looked at
-                    continue
-            self.server.pump(min(left, 0.1 if ended_at is not None else 1.0))
+            self.server.pump(min(left, 0.1 if self._ended_at is not None else 1.0))
         assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # as Popen: an ended node is not signalled (its pid is free)
+        # as Popen: an ended node is not signalled (its pid may be another process's now)
+        if self.poll() is None and _started(self.pid) == self.since:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
@@ -255,6 +303,10 @@ def serve() -> tuple[list[str], str] | None:
     """Fork a node for each request on stdin; in a node, return its (argv, name) for the
     caller to run; in the server, None once stdin has closed and every node has ended."""
     _preload()
+    import threading
+
+    if threading.active_count() > 1:  # something started a thread here (a sitecustomize's
+        sys.exit(3)  # agent): a fork would copy its locks held; the launcher starts plainly
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -290,21 +342,31 @@ def serve() -> tuple[list[str], str] | None:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             request = json.loads(line)
+            server = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _become(request["log"], (wake_r, wake_w))
+                _become(request["log"], (wake_r, wake_w), server)
                 return [str(a) for a in request["argv"]], str(request["name"])
             children.add(pid)
-            _say(f"ok {pid}")
+            _say(f"ok {pid} {_started(pid) or 0}")
     return None
 
 
-def _become(log: str, fds: tuple[int, int]) -> None:
-    """In a fresh fork: what ``Popen(start_new_session=True, stdout=log, stderr=STDOUT,
-    stdin=DEVNULL, preexec_fn=_die_with_parent)`` would have given it."""
+def _become(log: str, fds: tuple[int, int], server: int) -> None:
+    """In a fresh fork of ``server``: what ``Popen(start_new_session=True, stdout=log,
+    stderr=STDOUT, stdin=DEVNULL, preexec_fn=_die_with_parent)`` would have given it. A
+    failure here ends it with status 1 and a line in its log, where it could open it."""
+    try:
+        _set_up(log, fds, server)
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            os.write(2, f"hopbus: error: cannot start this node: {exc}\n".encode())
+        os._exit(1)
+
+
+def _set_up(log: str, fds: tuple[int, int], server: int) -> None:
     from hopbus.coord.broker import _die_with_parent
 
-    server = os.getppid()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
@@ -313,8 +375,8 @@ def _become(log: str, fds: tuple[int, int]) -> None:
         os.close(fd)
     os.setsid()
     _die_with_parent()
-    if os.getppid() != server:  # it died before the line above took effect
-        os._exit(1)
+    if os.getppid() != server:  # it died before the line above took effect (or before
+        os._exit(1)  # this node first ran): the launcher is stopping everything
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     os.dup2(out, 1)
     os.dup2(out, 2)

@@ -536,8 +536,9 @@ class Launcher:
         _signal_groups(left, signal.SIGKILL)
         if self.forkserver is not None:  # it ends once its last node has: collect it
             self.forkserver.close()
-        if self.procs:  # and what left its group (setsid) below a worker killed with SIGKILL,
-            stop_marked(envvars.LAUNCH, self._mark, 1.0)  # which would have stopped it
+        if self.procs or self.forkserver is not None:  # and what left its group (setsid)
+            stop_marked(envvars.LAUNCH, self._mark, 1.0)  # below a worker killed with SIGKILL,
+            # which would have stopped it, or a node forked as a start was given up
 
     def run(self) -> Outcome:
         """The whole run; always stops every process it started before returning or raising."""

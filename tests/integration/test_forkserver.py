@@ -30,7 +30,9 @@ def _comm(pid: int) -> str:
 
 
 def _server(nodes: list[tuple[list[str], Path, str]], run: str):
-    return forkserver.ForkServer.launch(clean_env(), run, nodes)
+    server, forked = forkserver.ForkServer.launch(clean_env(), run, nodes)
+    assert server is not None
+    return server, forked
 
 
 def test_a_forked_node_looks_logs_and_ends_as_a_started_one(redis_url, tmp_path):
@@ -128,3 +130,19 @@ def test_ctrl_c_with_a_stopped_server_still_ends_the_run(redis_url, tmp_path):
     assert "Traceback" not in err
     assert not processes_mentioning(run)
     wait_for(lambda: not Path(f"/proc/{servers[0]}").exists(), 30, "the server to go")
+
+
+def test_a_node_with_a_very_long_command_line_still_forks(redis_url, tmp_path):
+    """Room for a node's command line of 300 kB (a script given every file of a folder):
+    one blank argument that long was refused by Linux (E2BIG), and the run stopped."""
+    run = f"forklong{os.getpid()}"
+    waits = ["watch", "--run", f"{run}-none", "--redis", redis_url, "--out", str(tmp_path / "w")]
+    server = forkserver.ForkServer(clean_env(), run, 300_000)
+    (watch,) = server.start([(waits, tmp_path / "w.log", "hop-watch")]) or [None]
+    assert watch is not None
+    assert len(Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()) >= 300_000
+    wait_for(lambda: _cmdline(watch.pid) == forkserver.command_line(waits), 30, "its title")
+    watch.send_signal(signal.SIGTERM)
+    assert watch.wait(60) == 130
+    server.close()
+    assert server.proc.returncode == 0
