@@ -34,9 +34,10 @@ from hopbus.errors import RunFailure
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
 
-ANSWER_S = 120.0
+ANSWER_S = 60.0
 """How long the launcher waits for the server's answers (its imports, on a busy machine)
-before it kills it and starts the nodes the plain way."""
+before it kills it and starts the nodes the plain way (at once for a server stopped with
+kill -STOP)."""
 
 ARG_MAX_BYTES = 128 * 1024 - 1
 """The longest single argument Linux takes (MAX_ARG_STRLEN, its NUL included)."""
@@ -112,9 +113,10 @@ class ForkServer:
             self.proc.stdin.close()  # no more: it ends once its last node has ended
             deadline = time.monotonic() + ANSWER_S
             while len(self._answers) < len(nodes) and not self.ended:
-                if time.monotonic() >= deadline:
+                fields = _stat(self.proc.pid)
+                if time.monotonic() >= deadline or (fields is not None and fields[0] in "Tt"):
                     break
-                self.pump(deadline - time.monotonic())
+                self.pump(min(1.0, deadline - time.monotonic()))
         except (OSError, ValueError):
             pass  # a server that died before reading: its pipe is broken
         except BaseException:  # Ctrl-C while it forks: nothing of it is left running

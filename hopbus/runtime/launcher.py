@@ -484,6 +484,12 @@ class Launcher:
         if forkserver.wanted(os.environ):
             short = [(a, log, "hop-ps" if i == n else f"hop-w{i}") for a, log, i, _ in nodes]
             self.forkserver, forked = forkserver.ForkServer.launch(env, self.keys.run, short)
+            if forked is None:  # (it failed or was stopped: the run goes on all the same)
+                why = "could not be started" if self.forkserver is None else "did not answer"
+                self.notes.append(
+                    f"hopbus's fork server {why}: the workers were started one by one, "
+                    "each importing hopbus itself"
+                )
         for k, (args, log, node, name) in enumerate(nodes):
             popen = forked[k] if forked is not None else self._start(args, log, env)
             self.procs.append(Proc(node, popen, log, name=name))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -97,19 +98,30 @@ def test_a_run_whose_server_is_killed_stops_and_says_why(redis_url, tmp_path):
 
 
 def test_without_a_server_the_nodes_start_the_plain_way(redis_url, tmp_path):
-    """HOPBUS_FORKSERVER=0, and a server that dies as it starts (a sitecustomize that ends
-    it, and only it): either way the run trains as it would have."""
+    """HOPBUS_FORKSERVER=0; a server that dies as it starts (a sitecustomize that ends it,
+    and only it); fault ``forkserver_stopped_at_start``: one stopped (kill -STOP) before it
+    answers, which the launcher waited out for two minutes. Each way the run trains as it
+    would have, and the two failures are said in a note."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
+        "import os, signal\n"
         "with open('/proc/self/cmdline', 'rb') as fh:\n"
         "    if b'hopbus.runtime.forkserver' in fh.read():\n"
-        "        raise SystemExit(3)\n"
+        "        if os.environ.get('FORKSERVER_FAULT') == 'exit':\n"
+        "            raise SystemExit(3)\n"
+        "        os.kill(os.getpid(), signal.SIGSTOP)\n"
     )
-    for i, env in enumerate((clean_env(HOPBUS_FORKSERVER="0"), clean_env(PYTHONPATH=str(site)))):
+    ways = [clean_env(HOPBUS_FORKSERVER="0")]
+    ways += [clean_env(PYTHONPATH=str(site), FORKSERVER_FAULT=f) for f in ("exit", "stop")]
+    for i, env in enumerate(ways):
+        started = time.monotonic()
         p, s = train(redis_url, tmp_path / f"r{i}", "-n", "2", "--iterations", "30", env=env)
         assert p.returncode == 0, p.stderr
         assert s is not None and s["finished"] and s["iterations"]["min"] == 30, s
+        said = "hopbus's fork server did not answer: the workers were started one by one"
+        assert (said in p.stderr) == (i > 0), p.stderr
+        assert time.monotonic() - started < forkserver.ANSWER_S, "it waited the server out"
 
 
 def test_ctrl_c_with_a_stopped_server_still_ends_the_run(redis_url, tmp_path):
