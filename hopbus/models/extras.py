@@ -22,17 +22,15 @@ def install_hint(extra: str) -> str:
     return f"pip install -e '.[{extra}]'"
 
 
-MISSING_HINTS = {"tensorflow": "tf", "keras": "tf", "torch": "torch"}
-"""The packages a user's script commonly lacks that hopbus's extras install, by import name."""
+MISSING_HINTS = {"tensorflow": install_hint("tf"), "keras": install_hint("tf"), "torch": TORCH_CPU}
+"""What installs each package a user's script commonly lacks that hopbus's extras hold, by
+its import name."""
 
 
 def missing_hint(module: str) -> str | None:
     """What installs ``module`` (a script's ``No module named 'keras'``), if an extra of
-    hopbus's does: ``pip install -e '.[tf]'``; PyTorch's CPU build for torch."""
-    extra = MISSING_HINTS.get(module.partition(".")[0])
-    if extra is None:
-        return None
-    return TORCH_CPU if extra == "torch" else install_hint(extra)
+    hopbus's holds it: ``pip install -e '.[tf]'``; PyTorch's CPU build for torch."""
+    return MISSING_HINTS.get(module.partition(".")[0])
 
 
 def require(module: str, *, feature: str, package: str, extra: str, load: bool = True) -> None:

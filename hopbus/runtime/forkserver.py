@@ -33,6 +33,7 @@ from pathlib import Path
 from hopbus.errors import RunFailure
 from hopbus.runtime import env as envvars
 from hopbus.runtime import interrupts
+from hopbus.runtime.reaper import prctl, proc_stat
 
 ANSWER_S = 60.0
 """How long the launcher waits for the server's answers (its imports, on a busy machine)
@@ -85,7 +86,6 @@ class ForkServer:
         self._buf = b""
         self._answers: list[tuple[int, int]] = []  # (pid, start time) of each node forked
         self.exits: dict[int, int] = {}
-        self.pids: list[int] = []
         self.ended = False  # the server is gone: what it did not tell is found by looking
         self.orphaned: set[int] = set()  # nodes whose end it did not live to tell
 
@@ -113,7 +113,7 @@ class ForkServer:
             self.proc.stdin.close()  # no more: it ends once its last node has ended
             deadline = time.monotonic() + ANSWER_S
             while len(self._answers) < len(nodes) and not self.ended:
-                fields = _stat(self.proc.pid)
+                fields = proc_stat(self.proc.pid)
                 if time.monotonic() >= deadline or (fields is not None and fields[0] in "Tt"):
                     break
                 self.pump(min(1.0, deadline - time.monotonic()))
@@ -123,7 +123,6 @@ class ForkServer:
             self.abandon()
             raise
         if len(self._answers) == len(nodes):
-            self.pids = [pid for pid, _ in self._answers]
             return [Forked(self, pid, since) for pid, since in self._answers]
         started = len(self._answers)
         self.abandon()
@@ -167,7 +166,7 @@ class ForkServer:
         """Read what the server said within ``timeout`` seconds (0: only what is there)."""
         if self.ended:
             self._look()
-            if timeout > 0 and any(pid not in self.exits for pid in self.pids):
+            if timeout > 0 and any(pid not in self.exits for pid, _ in self._answers):
                 time.sleep(min(timeout, 0.05))  # polling: these are no children of ours
             return
         ready = select.select([self._out], [], [], max(0.0, timeout))[0]
@@ -211,19 +210,10 @@ class ForkServer:
         )
 
 
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/PID/stat``'s fields from the third (state) on; None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()
-
-
 def _started(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot: field 22): with its pid, which
     process it is, as a pid freed by an ended node may be another's by the time it is read."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if fields else None
 
 
@@ -233,7 +223,7 @@ def _alive(pid: int, since: int) -> bool:
     subreaper), nor a process that took its pid after it."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields is not None and fields[0] != "Z" and int(fields[19]) == since
 
 
@@ -391,6 +381,9 @@ def _set_up(log: str, fds: tuple[int, int], server: int) -> None:
         np.random.seed()
 
 
+PR_SET_NAME = 15
+
+
 def command_line(argv: list[str]) -> list[str]:
     """A node's command line, as a node started the plain way has it."""
     return [sys.executable, "-m", "hopbus", *argv]
@@ -403,12 +396,11 @@ def _retitle(words: list[str], name: str) -> None:
     the command line lies."""
     import ctypes
 
+    prctl(PR_SET_NAME, name.encode()[:15])
+    fields = proc_stat("self")
+    if fields is None:
+        return
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    with contextlib.suppress(Exception):
-        stat = Path("/proc/self/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
         start, end = int(fields[45]), int(fields[46])  # fields 48 and 49: arg_start, arg_end
         text = b"".join(os.fsencode(w) + b"\0" for w in words)
         if 0 < start < end and len(text) <= end - start:

@@ -23,7 +23,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 
 
-def _prctl(option: int, arg: object) -> bool:
+def prctl(option: int, arg: object) -> bool:
     """``prctl(option, arg)`` (Linux): whether it succeeded; False where there is no libc."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -37,13 +37,13 @@ def is_subreaper() -> bool:
     import ctypes
 
     flag = ctypes.c_int(0)
-    return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and bool(flag.value)
+    return prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and bool(flag.value)
 
 
 def become_subreaper(on: bool = True) -> bool:
     """Orphaned descendants of this process become its children (Linux), or, ``on=False``,
     no longer do; whether it took."""
-    return _prctl(PR_SET_CHILD_SUBREAPER, int(on))
+    return prctl(PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def named(pids: list[int], names: dict[int, str | None]) -> str:
@@ -83,6 +83,17 @@ def leftovers_stopped(whose: str, grace_s: float) -> Iterator[None]:
             )
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat``'s fields from the third (state) on (``pid`` "self": this process's);
+    None if it is gone, or there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses; it ends at the last ')'
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def _parents() -> dict[int, tuple[int, str]]:
     """Every live process's parent and state letter, from /proc (zombies included)."""
     found: dict[int, tuple[int, str]] = {}
@@ -93,13 +104,10 @@ def _parents() -> dict[int, tuple[int, str]]:
     for entry in entries:
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+        fields = proc_stat(entry.name)
+        if fields is None:
             continue  # gone meanwhile
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses; it ends at the last ')'
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        found[int(entry.name)] = (int(ppid), state)
+        found[int(entry.name)] = (int(fields[1]), fields[0])
     return found
 
 
